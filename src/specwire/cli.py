@@ -21,6 +21,12 @@ from .errors import SpecwireError
 # Modules that contribute subcommands through `add_cli(subparsers)`, in help order.
 COMMAND_MODULES = [
     "specwire.commands",
+    "specwire.formats",
+    "specwire.launch",
+    "specwire.train", "specwire.evaluate",
+    "specwire.bench",
+    "specwire.datagen",
+    "specwire.doctor",
 ]
 
 EPILOG = """\

@@ -40,10 +40,15 @@ def add_cli(sub) -> None:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("demo", help="the main job on built-in defaults",
-                       description="Load the built-in target (and its shipped draft when available), decode a few real "
-                       "prompts, and print the wiring table.")
-    add_model_options(p)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+                       description="Load the built-in target and its shipped draft, print the wiring table, stream a few "
+                       "answers with tree speculation, benchmark hf-generate / plain / eagle3-chain / eagle3-tree on a "
+                       "handful of MT-bench prompts (lossless check included), and print the doctor's verdict. Without "
+                       "an installed draft it decodes plainly and says so.")
+    add_model_options(p, draft=True)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per streamed answer (default: %(default)s)")
+    p.add_argument("--bench-prompts", type=int, default=4, help="MT-bench prompts in the benchmark (default: %(default)s)")
+    p.add_argument("--bench-tokens", type=int, default=64, help="new tokens per benchmark prompt (default: %(default)s)")
+    p.add_argument("--out", default=None, help="benchmark run folder (default: runs/demo-mt-bench-<timestamp>/)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -131,21 +136,100 @@ class _Streamer:
 DEMO_PROMPTS = [
     "What are three tips for staying productive when working from home?",
     "Write a Python function that checks whether a string is a palindrome.",
+    "Explain in a few sentences why the sky is blue.",
 ]
 
 
+def _demo_draft(args: argparse.Namespace, target):
+    """(draft, None) or (None, why not). Only the default shipped draft may be missing: then the demo decodes plainly."""
+    from .draft import SHIPPED_DRAFT, shipped_draft_dir
+    from .errors import SpecwireError
+
+    shipped = args.draft == SHIPPED_DRAFT
+    if shipped and not (shipped_draft_dir() / "config.json").is_file():
+        return None, f"no shipped draft is installed ({shipped_draft_dir()} is missing)"
+    try:
+        from .engine import load_engine_draft
+    except ImportError as e:
+        return None, f"the speculative engine is not available ({e})"
+    try:
+        return load_engine_draft(args.draft, target), None
+    except SpecwireError as e:
+        if not shipped:
+            raise
+        return None, f"the shipped draft does not fit target '{args.target}': {e}"
+
+
+def _doctor_verdict(draft_name: str, target) -> str | None:
+    """The doctor's one-line verdict from its static checks (None when the doctor is not installed)."""
+    from .errors import SpecwireError
+
+    try:
+        from .doctor import diagnose
+    except ImportError:
+        return None
+    from .draft import resolve_draft_path
+
+    try:
+        rep = diagnose(resolve_draft_path(draft_name), target, search=False, online=False)
+    except SpecwireError as e:
+        return f"doctor: could not check the draft ({e})"
+    warn = [f.id for f in rep.findings if f.severity == "warning"]
+    if rep.ok:
+        return "doctor: ok, the draft's wiring fits the target" + (f" ({len(warn)} warning(s): {', '.join(warn)})" if warn else "") + "."
+    errs = [f.id for f in rep.findings if f.severity == "error"]
+    return f"doctor: {len(errs)} error(s): {', '.join(errs)}; run `specwire doctor {draft_name}` for the fixes."
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    from .bench import DRAFT_METHODS, BenchConfig, default_run_dir, run_bench
     from .plain import plain_generate
+    from .report import render_positions, render_table, speedup_sentence
     from .targets import load_target
 
     t0 = time.perf_counter()
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     print(render_info(target.info))
-    print(f"\nloaded in {time.perf_counter() - t0:.1f} s; plain greedy decoding of {len(DEMO_PROMPTS)} prompts:\n")
+    print(f"\nloaded in {time.perf_counter() - t0:.1f} s")
+    draft, why_not = _demo_draft(args, target)
+    if draft is not None:
+        from .engine import speculative_generate
+
+        print(f"draft: {args.draft}, reads hs {list(draft.config.wiring.hs_ids)} "
+              f"(draft vocab {draft.config.draft_vocab_size}); tree speculation, greedy:\n")
+    else:
+        print(f"note: {why_not}; decoding plainly (no speculation). Build the draft with `make draft`.\n")
     for prompt in DEMO_PROMPTS:
         print(f">>> {prompt}")
         stream = _Streamer(target.tokenizer)
-        res = plain_generate(target, target.encode_chat(prompt), max_new_tokens=args.max_new_tokens, on_token=stream)
+        ids = target.encode_chat(prompt)
+        if draft is not None:
+            res = speculative_generate(target, draft, ids, max_new_tokens=args.max_new_tokens, tree=True, on_token=stream)
+        else:
+            res = plain_generate(target, ids, max_new_tokens=args.max_new_tokens, on_token=stream)
         stream.close()
-        print(f"[{len(res.output_ids)} tokens, {res.tokens_per_s:.1f} tok/s]\n")
+        acc = f", accept length {res.extra['accept_length']:.2f}" if res.extra.get("accept_length") else ""
+        print(f"[{len(res.output_ids)} tokens, {res.tokens_per_s:.1f} tok/s{acc}]\n")
+
+    methods = ("hf-generate", "plain") + (DRAFT_METHODS if draft is not None else ())
+    config = BenchConfig(
+        target=args.target, draft=args.draft if draft is not None else None, prompts="mt-bench",
+        limit=args.bench_prompts, max_new_tokens=args.bench_tokens, methods=methods, device=args.device,
+        dtype=args.dtype, threads=args.threads, warmup_tokens=8,
+        out_dir=args.out or str(default_run_dir("mt-bench", prefix="demo")),
+    )
+    print(f"benchmark: {', '.join(methods)} on {args.bench_prompts} MT-bench prompts, {args.bench_tokens} new tokens, "
+          "same run, outputs checked against plain greedy:")
+    report = run_bench(config, target=target, draft=draft)
+    print("\n" + render_table(report))
+    pos = render_positions(report)
+    if pos:
+        print("\nacceptance per draft position:\n" + pos)
+    print("\n" + speedup_sentence(report))
+    if draft is not None:
+        verdict = _doctor_verdict(args.draft, target)
+        if verdict:
+            print(verdict)
+    print(f"written: {report.run_dir}/results.md, results.png, results.json")
+    print(f"demo finished in {time.perf_counter() - t0:.0f} s")
     return 0

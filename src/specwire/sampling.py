@@ -8,6 +8,7 @@ Knows nothing of models or caches.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,8 +23,8 @@ class SamplingParams:
     top_p: float = 1.0  # keep the smallest set whose mass reaches top_p (1 = all)
 
     def __post_init__(self):
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise SpecwireError(f"temperature must be >= 0 (0 = greedy), found {self.temperature}.")
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise SpecwireError(f"temperature must be a finite number >= 0 (0 = greedy), found {self.temperature}.")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise SpecwireError(f"top_k must be a non-negative integer (0 = off), found {self.top_k}.")
         if not 0 < self.top_p <= 1:

@@ -105,7 +105,7 @@ def resolve_target_path(name_or_path: str | os.PathLike) -> Path:
 def read_target_config(path: str | os.PathLike):
     """Load and validate an HF config as a causal LM (no weights needed)."""
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
     path = Path(path)
     raw = read_json(path / "config.json", what="target config")
@@ -113,7 +113,16 @@ def read_target_config(path: str | os.PathLike):
     if not isinstance(model_type, str):
         raise SpecwireError(f"{path / 'config.json'}: field 'model_type' missing; cannot tell the architecture.")
     archs = raw.get("architectures") or []
-    causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or any(str(a).endswith("ForCausalLM") or str(a).endswith("LMHeadModel") for a in archs)
+    causal_archs = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    if archs:  # the saved architectures say what the weights are (BertForMaskedLM is not causal)
+        causal = any(str(a) in causal_archs or str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+    else:
+        causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    # encoder families (BERT, RoBERTa...) have a causal-LM class too, but are decoders only with is_decoder=true
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and raw.get("is_decoder") is not True:
+        causal = False
+    if raw.get("is_encoder_decoder") is True:
+        causal = False
     if not causal:
         raise SpecwireError(
             f"{path / 'config.json'}: model_type '{model_type}' (architectures {archs}) is not a causal language model; "

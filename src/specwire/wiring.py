@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -191,7 +192,11 @@ class Wiring:
     version: int = WIRING_FORMAT_VERSION
 
     def __post_init__(self):
-        object.__setattr__(self, "hs_ids", tuple(int(i) for i in self.hs_ids))
+        try:  # ints and numpy/torch integers only: 2.5 or "2" must not be rounded or parsed silently
+            ids = tuple(operator.index(i) for i in self.hs_ids)
+        except TypeError:
+            raise SpecwireError(f"Wiring.hs_ids: expected a list of integers, found {self.hs_ids!r}.") from None
+        object.__setattr__(self, "hs_ids", ids)
         validate_hs_ids(self.hs_ids, self.target.num_layers, what="Wiring.hs_ids")
         if not self.pre_norm:
             raise SpecwireError("Wiring.pre_norm: only pre-final-norm captures are supported (found false).")
@@ -262,6 +267,11 @@ def _pick(d: dict[str, Any], cls, *, source: str) -> dict[str, Any]:
     unknown = sorted(set(d) - names)
     if unknown:
         raise SpecwireError(f"{source}: unknown fields {unknown}; expected some of {sorted(names)}.")
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [n for n in required if n not in d]
+    if missing:
+        raise SpecwireError(f"{source}: missing required fields {missing}; expected {required} (and optionally the rest of {sorted(names)}).")
     return {k: v for k, v in d.items() if k in names}
 
 

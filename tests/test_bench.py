@@ -1,0 +1,309 @@
+"""`specwire bench`: summary maths (no models), rendering, and real runs on a tiny target (+ random tiny draft)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+import torch
+
+from specwire.bench import (
+    DRAFT_METHODS,
+    METHODS,
+    BenchConfig,
+    BenchReport,
+    PromptRun,
+    add_speedups,
+    first_difference,
+    parse_methods,
+    run_bench,
+    summarize,
+    weighted_positions,
+)
+from specwire.errors import SpecwireError
+from specwire.report import render_markdown, render_summary, save_plot
+
+STABLE_RESULT_KEYS = {"method", "tokens_per_s", "accept_length", "lossless"}
+HF_AND_PLAIN = ("hf-generate", "hf-prompt-lookup", "plain")
+
+
+def _run(method, pid, out, seconds, forwards=None, **extra):
+    return PromptRun(method, pid, 5, list(out), seconds, forwards, "length", extra)
+
+
+# ---- pure maths --------------------------------------------------------------------------------------
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # a shorter output is a difference too
+    assert first_difference([], []) is None
+
+
+def test_weighted_positions_weights_rows_and_handles_ragged_lengths():
+    rows = [[1.0, 0.5], [0.0, 0.0, 1.0]]
+    out = weighted_positions(rows, [3.0, 1.0])
+    assert out[0] == pytest.approx(0.75)
+    assert out[1] == pytest.approx(0.375)
+    assert out[2] == pytest.approx(1.0)  # only the second row reaches position 2
+    assert weighted_positions([], []) == []
+
+
+def test_summarize_speedups_lossless_and_draft_metrics_from_numbers():
+    runs = [
+        _run("plain", "a", [1, 2, 3, 4], 2.0, 4), _run("plain", "b", [5, 6], 1.0, 2),
+        _run("hf-generate", "a", [1, 2, 3, 4], 4.0, 4), _run("hf-generate", "b", [5, 6], 2.0, 2),
+        _run("hf-prompt-lookup", "a", [1, 2, 3, 4], 1.0, 2), _run("hf-prompt-lookup", "b", [5, 7], 1.0, 2),
+        _run("eagle3-tree", "a", [1, 2, 3, 4], 1.0, 2, accept_length=3.0, num_verify_passes=1,
+             accept_per_position=[1.0, 1.0, 0.0], draft_s=0.2, verify_s=0.7, other_s=0.1),
+        _run("eagle3-tree", "b", [5, 6], 0.5, 2, accept_length=1.0, num_verify_passes=3,
+             accept_per_position=[0.0, 0.0, 0.0], draft_s=0.1, verify_s=0.3, other_s=0.1),
+    ]
+    res = {r.method: r for r in summarize(runs, ["hf-generate", "hf-prompt-lookup", "plain", "eagle3-tree"])}
+    assert res["plain"].tokens_per_s == pytest.approx(2.0) and res["plain"].speedup_vs_plain == pytest.approx(1.0)
+    assert res["hf-generate"].tokens_per_s == pytest.approx(1.0)
+    assert res["plain"].speedup_vs_hf == pytest.approx(2.0)
+    tree = res["eagle3-tree"]
+    assert tree.tokens_per_s == pytest.approx(4.0)
+    assert tree.speedup_vs_hf == pytest.approx(4.0) and tree.speedup_vs_plain == pytest.approx(2.0)
+    assert tree.accept_length == pytest.approx((3.0 * 1 + 1.0 * 3) / 4)  # weighted by verify passes
+    assert tree.accept_per_position == pytest.approx([0.25, 0.25, 0.0])
+    assert tree.time_split == pytest.approx({"draft_s": 0.3, "verify_s": 1.0, "other_s": 0.2})
+    assert tree.lossless and tree.mismatches == 0
+    lookup = res["hf-prompt-lookup"]
+    assert not lookup.lossless and lookup.mismatches == 1
+    assert lookup.first_mismatch == {"prompt_id": "b", "position": 1}
+    assert lookup.accept_length is None and lookup.accept_per_position is None  # no draft model
+    assert lookup.tokens_per_forward == pytest.approx(6 / 4)
+
+
+def test_speedups_are_none_without_the_baseline():
+    runs = [_run("plain", "a", [1, 2], 1.0, 2)]
+    (plain,) = summarize(runs, ["plain"])
+    assert plain.speedup_vs_hf is None and plain.speedup_vs_plain == pytest.approx(1.0)
+    add_speedups([plain])
+    assert plain.speedup_vs_hf is None
+
+
+def test_summarize_needs_the_plain_oracle():
+    with pytest.raises(SpecwireError, match="plain"):
+        summarize([_run("hf-generate", "a", [1], 1.0, 1)], ["hf-generate"])
+
+
+def test_parse_methods_and_config_validation():
+    assert parse_methods("plain, hf-generate,plain") == ("plain", "hf-generate")
+    with pytest.raises(SpecwireError, match="unknown method"):
+        parse_methods("plain,eagle3")
+    with pytest.raises(SpecwireError, match="max_new_tokens"):
+        BenchConfig(max_new_tokens=0)
+    with pytest.raises(SpecwireError, match="need a draft"):
+        BenchConfig(methods=("plain", "eagle3-tree"), draft=None)
+    with pytest.raises(SpecwireError, match="topk"):
+        BenchConfig(topk=0)
+    c = BenchConfig(methods=("hf-generate",))
+    assert c.run_methods == ("hf-generate", "plain") and not c.needs_draft
+
+
+# ---- rendering (synthetic report) ------------------------------------------------------------------
+
+def _synthetic_report(tmp_path) -> BenchReport:
+    runs = [_run("plain", "a", [1, 2], 1.0, 2), _run("hf-generate", "a", [1, 2], 2.0, 2),
+            _run("eagle3-chain", "a", [1, 2], 0.5, 1, accept_length=2.0, num_verify_passes=1,
+                 accept_per_position=[1.0, 0.0], draft_s=0.1, verify_s=0.3, other_s=0.1)]
+    cfg = BenchConfig(methods=("hf-generate", "plain", "eagle3-chain"), max_new_tokens=2, out_dir=str(tmp_path),
+                      command="specwire bench --limit 1")
+    return BenchReport(config=cfg, results=summarize(runs, cfg.run_methods), prompt_ids=["a"],
+                       machine={"torch": torch.__version__, "threads": 2, "cpu": "x", "device": "cpu", "dtype": "float32"},
+                       spec={"num_steps": 2}, runs=runs)
+
+
+def test_markdown_summary_and_plot(tmp_path):
+    rep = _synthetic_report(tmp_path)
+    md = render_markdown(rep)
+    assert "| eagle3-chain | 4.0 | 4.00x | 2.00x | 2.00 |" in md
+    assert "specwire bench --limit 1" in md and "torch" in md
+    assert "best: eagle3-chain at 4.0 tok/s = 4.00x hf-generate and 2.00x plain" in render_summary(rep)
+    png = save_plot(rep, tmp_path / "r.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- real runs on a tiny target ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("bench-prompts") / "tiny.jsonl"
+    prompts = ["hi", "Write a haiku about the sea, please.", "abc abc abc abc abc abc abc abc abc abc abc"]
+    p.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in prompts))
+    return p
+
+
+def _check_report_files(run_dir: Path, report: BenchReport) -> None:
+    assert (run_dir / "results.md").read_text().startswith("# specwire bench")
+    assert (run_dir / "results.png").read_bytes()[:4] == b"\x89PNG"
+    data = json.loads((run_dir / "results.json").read_text())
+    assert data == json.loads(json.dumps(report.to_dict()))
+    for key in ("results", "prompts", "n_prompts", "max_new_tokens"):
+        assert key in data
+    for row in data["results"]:
+        assert STABLE_RESULT_KEYS <= set(row)
+
+
+def test_run_bench_hf_and_plain_on_tiny_target(tiny_llama_target, prompt_file, tmp_path):
+    torch.manual_seed(0)
+    cfg = BenchConfig(target=str(tiny_llama_target.info.path), draft=None, prompts=str(prompt_file),
+                      max_new_tokens=12, methods=HF_AND_PLAIN, warmup_tokens=2, out_dir=str(tmp_path / "run"),
+                      progress=False)
+    rep = run_bench(cfg, target=tiny_llama_target)
+    assert [r.method for r in rep.results] == list(HF_AND_PLAIN)
+    assert len(rep.prompt_ids) == 3 and len(rep.runs) == 9
+    by = {r.method: r for r in rep.results}
+    for r in rep.results:
+        assert r.lossless, (r.method, r.first_mismatch)
+        assert r.accept_length is None and r.time_split is None
+        assert r.tokens > 0 and r.tokens_per_s == pytest.approx(r.tokens / r.seconds)
+        assert r.speedup_vs_hf == pytest.approx(r.tokens_per_s / by["hf-generate"].tokens_per_s)
+        assert r.speedup_vs_plain == pytest.approx(r.tokens_per_s / by["plain"].tokens_per_s)
+    assert by["hf-generate"].target_forwards == by["hf-generate"].tokens  # one pass per token, prefill included
+    # prompt-major order: each prompt's three methods run before the next prompt starts
+    assert [r.prompt_id for r in rep.runs] == [p for p in rep.prompt_ids for _ in range(3)]
+    _check_report_files(tmp_path / "run", rep)
+    md = (tmp_path / "run" / "results.md").read_text()
+    assert f"specwire bench --target {tiny_llama_target.info.path} --prompts {prompt_file}" in md  # reproducible command
+    assert "--methods hf-generate,hf-prompt-lookup,plain" in md
+
+
+def test_oracle_is_added_when_plain_is_left_out(tiny_llama_target, prompt_file):
+    cfg = BenchConfig(draft=None, prompts=str(prompt_file), limit=1, max_new_tokens=4, methods=("hf-generate",),
+                      warmup_tokens=0, out_dir="", progress=False)
+    rep = run_bench(cfg, target=tiny_llama_target)
+    assert [r.method for r in rep.results] == ["hf-generate", "plain"]
+    assert rep.notes and rep.run_dir is None
+
+
+def _random_tiny_draft(target, out: Path, *, seed: int = 0, draft_vocab_size: int = 200) -> Path:
+    """A randomly initialised draft for `target`, saved as a native checkpoint (first ids = draft vocab)."""
+    from specwire.draft import DraftConfig, Eagle3Draft, save_draft
+    from specwire.targets import chat_template_hash, tokenizer_fingerprint
+    from specwire.wiring import Wiring, default_hs_ids
+
+    wiring = Wiring(hs_ids=default_hs_ids(target.num_layers), target=target.spec,
+                    tokenizer_fingerprint=tokenizer_fingerprint(target.tokenizer),
+                    chat_template_hash=chat_template_hash(target.tokenizer))
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(DraftConfig.for_target(target.model.config, wiring, draft_vocab_size=draft_vocab_size))
+    return save_draft(draft, out)
+
+
+def test_run_bench_all_methods_with_random_tiny_draft(tiny_llama_target, prompt_file, tmp_path):
+    pytest.importorskip("specwire.engine", reason="the speculative engine (specwire.engine) is not installed yet")
+    draft_dir = _random_tiny_draft(tiny_llama_target, tmp_path / "draft")
+    cfg = BenchConfig(target=str(tiny_llama_target.info.path), draft=str(draft_dir), prompts=str(prompt_file),
+                      max_new_tokens=16, num_steps=3, topk=2, num_draft_tokens=6, warmup_tokens=2,
+                      out_dir=str(tmp_path / "run"), progress=False)
+    rep = run_bench(cfg, target=tiny_llama_target)
+    assert [r.method for r in rep.results] == list(METHODS)
+    for r in rep.results:
+        assert r.lossless, (r.method, r.first_mismatch)
+    for m in DRAFT_METHODS:
+        r = rep.result(m)
+        assert r.accept_length is not None and r.accept_length >= 1.0
+        assert r.accept_per_position and all(0.0 <= v <= 1.0 for v in r.accept_per_position)
+        assert set(r.time_split) == {"draft_s", "verify_s", "other_s"}
+        assert r.speedup_vs_plain == pytest.approx(r.tokens_per_s / rep.result("plain").tokens_per_s)
+    assert rep.spec and rep.spec["num_steps"] == 3 and rep.spec["topk"] == 2
+    _check_report_files(tmp_path / "run", rep)
+
+
+def test_cli_bench_json(tiny_llama_target, prompt_file, tmp_path):
+    from specwire.cli import main
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = main(["bench", "--target", str(tiny_llama_target.info.path), "--prompts", str(prompt_file),
+                   "--limit", "2", "--max-new-tokens", "6", "--methods", "hf-generate,plain", "--device", "cpu",
+                   "--warmup-tokens", "0", "--out", str(tmp_path / "cli"), "--no-progress", "--json"])
+    assert rc == 0
+    data = json.loads(buf.getvalue())
+    assert data["n_prompts"] == 2 and data["max_new_tokens"] == 6 and data["prompts"] == str(prompt_file)
+    assert [r["method"] for r in data["results"]] == ["hf-generate", "plain"]
+    assert all(STABLE_RESULT_KEYS <= set(r) and r["accept_length"] is None for r in data["results"])
+    assert (tmp_path / "cli" / "results.md").is_file()
+
+
+def test_cli_bench_bad_method_is_a_one_line_error(capsys):
+    from specwire.cli import main
+
+    assert main(["bench", "--methods", "plain,warp-drive", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "warp-drive" in err and err.count("\n") == 1
+
+
+# ---- the built-in target ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_bench_builtin_target_mt_bench(tmp_path):
+    from specwire.draft import shipped_draft_dir
+
+    methods = ["hf-generate", "plain"]
+    try:
+        import specwire.engine  # noqa: F401
+
+        if (shipped_draft_dir() / "config.json").is_file():
+            methods += ["eagle3-chain", "eagle3-tree"]
+    except ImportError:
+        pass
+    cfg = BenchConfig(prompts="mt-bench", limit=2, max_new_tokens=24, methods=tuple(methods), device="cpu",
+                      warmup_tokens=2, out_dir=str(tmp_path / "run"), progress=False)
+    rep = run_bench(cfg)
+    assert [r.method for r in rep.results] == methods
+    assert all(r.lossless for r in rep.results), [(r.method, r.first_mismatch) for r in rep.results]
+    assert all(math.isfinite(r.tokens_per_s) and r.tokens_per_s > 0 for r in rep.results)
+    _check_report_files(tmp_path / "run", rep)
+
+
+def test_per_position_acceptance_uses_the_engines_raw_counts():
+    runs = [_run("plain", "a", [1, 2, 3], 1.0, 3), _run("plain", "b", [4, 5], 1.0, 2),
+            _run("eagle3-chain", "a", [1, 2, 3], 1.0, 2, accept_length=1.5, num_verify_passes=2,
+                 accept_counts=[1, 0], reach_counts=[2, 1], accept_per_position=[0.5, 0.0]),
+            _run("eagle3-chain", "b", [4, 5], 1.0, 2, accept_length=2.0, num_verify_passes=1,
+                 accept_counts=[1, 1], reach_counts=[1, 1], accept_per_position=[1.0, 1.0])]
+    (_, chain) = summarize(runs, ["plain", "eagle3-chain"])
+    assert chain.accept_per_position == pytest.approx([2 / 3, 1 / 2])  # pooled counts, not a mean of rates
+    assert chain.accept_length == pytest.approx((1.5 * 2 + 2.0) / 3)
+
+
+# ---- specwire demo (on a tiny target, so it runs in seconds) -------------------------------------------
+
+def _demo(argv) -> str:
+    from specwire.cli import main
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["demo", "--device", "cpu", "--max-new-tokens", "4", "--bench-prompts", "1", "--bench-tokens", "4",
+                     *argv]) == 0
+    return buf.getvalue()
+
+
+def test_demo_without_a_fitting_shipped_draft_decodes_plainly(tiny_llama_target, tmp_path):
+    # The shipped draft is either not installed or made for the built-in target: either way it cannot serve this one.
+    out = _demo(["--target", str(tiny_llama_target.info.path), "--out", str(tmp_path / "demo")])
+    assert "default EAGLE-3 wiring" in out  # the wiring table stays
+    assert "decoding plainly" in out and ("no shipped draft is installed" in out or "does not fit" in out)
+    assert "| hf-generate |" in out and "| plain |" in out and "eagle3" not in out.split("benchmark:")[1]
+    assert (tmp_path / "demo" / "results.json").is_file()
+
+
+def test_demo_with_a_draft_streams_speculatively_and_benchmarks_it(tiny_llama_target, tmp_path):
+    pytest.importorskip("specwire.engine", reason="the speculative engine (specwire.engine) is not installed yet")
+    draft_dir = _random_tiny_draft(tiny_llama_target, tmp_path / "draft")
+    out = _demo(["--target", str(tiny_llama_target.info.path), "--draft", str(draft_dir), "--out", str(tmp_path / "demo")])
+    assert "tree speculation" in out and "accept length" in out
+    for m in ("hf-generate", "plain", "eagle3-chain", "eagle3-tree"):
+        assert f"| {m} |" in out
+    assert "x hf-generate and " in out and "x plain" in out  # the speed-up sentence names both baselines
+    data = json.loads((tmp_path / "demo" / "results.json").read_text())
+    assert all(r["lossless"] for r in data["results"])

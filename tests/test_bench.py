@@ -307,3 +307,12 @@ def test_demo_with_a_draft_streams_speculatively_and_benchmarks_it(tiny_llama_ta
     assert "x hf-generate and " in out and "x plain" in out  # the speed-up sentence names both baselines
     data = json.loads((tmp_path / "demo" / "results.json").read_text())
     assert all(r["lossless"] for r in data["results"])
+
+
+def test_a_prompt_past_the_context_is_refused_before_timing(tiny_llama_target, tmp_path):
+    p = tmp_path / "long.jsonl"
+    p.write_text(json.dumps({"prompt": "x" * 300}) + "\n")  # 300 byte tokens > 256 positions of the tiny target
+    cfg = BenchConfig(draft=None, prompts=str(p), max_new_tokens=8, methods=("plain",), warmup_tokens=0, out_dir="",
+                      progress=False)
+    with pytest.raises(SpecwireError, match="long:1.*max_position_embeddings"):
+        run_bench(cfg, target=tiny_llama_target)

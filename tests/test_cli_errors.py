@@ -26,6 +26,16 @@ def run_cli(*args: str, module: str = "specwire.cli", timeout: float = 300) -> s
                           timeout=timeout)
 
 
+def run_main(capsys, *args: str) -> subprocess.CompletedProcess:
+    """The same command in this process (cheaper than a subprocess: no torch import per call)."""
+    from specwire.cli import main
+
+    capsys.readouterr()
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["specwire", *args], rc, out, err)
+
+
 def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
     """Exit 2, no traceback, and exactly one non-empty stderr line that names the problem."""
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
@@ -61,10 +71,11 @@ def tiny_copy(tiny_target, tmp_path) -> Path:
 
 # ---- the target argument ------------------------------------------------------------------------
 
-def test_missing_target_path(tmp_path):
+def test_missing_target_path(tmp_path, capsys):
     missing = tmp_path / "no-such-model"
     assert_clean_error(run_cli("info", str(missing)), "not found", str(missing))
-    assert_clean_error(run_cli("generate", "--target", str(missing), "--prompt", "hi", "--device", "cpu"), "not found")
+    assert_clean_error(run_main(capsys, "generate", "--target", str(missing), "--prompt", "hi", "--device", "cpu"),
+                       "not found")
 
 
 def test_folder_without_config(tmp_path):
@@ -72,23 +83,25 @@ def test_folder_without_config(tmp_path):
     assert_clean_error(run_cli("info", str(tmp_path / "weights")), "no config.json")
 
 
-def test_target_that_is_a_file(tmp_path):
+def test_target_that_is_a_file(tmp_path, capsys):
     f = tmp_path / "model.bin"
     f.write_bytes(b"\0" * 16)
-    assert_clean_error(run_cli("info", str(f)), "is a file")
+    assert_clean_error(run_main(capsys, "info", str(f)), "is a file")
 
 
-def test_config_that_is_not_json(tmp_path):
+def test_config_that_is_not_json(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{not json")
-    assert_clean_error(run_cli("info", str(tmp_path)), "config.json", "not valid JSON")
+    assert_clean_error(run_main(capsys, "info", str(tmp_path)), "config.json", "not valid JSON")
+    (tmp_path / "config.json").write_text('{"hidden_size": 64}')
+    assert_clean_error(run_main(capsys, "info", str(tmp_path)), "model_type", "missing")
 
 
 def test_info_on_bert_is_refused(bert_dir):
     assert_clean_error(run_cli("info", str(bert_dir)), "not a causal language model", "bert")
 
 
-def test_generate_on_bert_is_refused(bert_dir):
-    proc = run_cli("generate", "--target", str(bert_dir), "--prompt", "hi", "--device", "cpu")
+def test_generate_on_bert_is_refused(bert_dir, capsys):
+    proc = run_main(capsys, "generate", "--target", str(bert_dir), "--prompt", "hi", "--device", "cpu")
     assert_clean_error(proc, "not a causal language model")
 
 

@@ -342,3 +342,53 @@ def test_builtin_target_mt_bench_lossless(tmp_path):
         res = speculative_generate(target, OracleProposer(prompt, ref, target.spec.vocab_size), prompt,
                                    max_new_tokens=24, stop_on_eos=False)
         assert res.output_ids == ref and res.extra["accept_length"] > 2
+
+
+# ---- sampling keeps the target's distribution, through the whole engine ------------------------------------
+
+class TopTwoProposer:
+    """Depth-1 proposals from the target itself: a chain of its argmax, or a tree [second best, best].
+    Acceptance is then frequent but not certain, so both the accept and the residual branches run."""
+
+    hs_ids: tuple[int, ...] = ()
+
+    def __init__(self, target, prompt):
+        self.target, self.seq = target, list(prompt[:1])
+
+    def propose(self, states, tokens, start, *, steps, spec, tree, params, generator) -> DraftTree:
+        self.seq = self.seq[: start + 1] + tokens.tolist()
+        root = tokens[-1]
+        top2 = _forward_all(self.target, self.seq)[-1].topk(2).indices
+        if not tree:
+            return chain_tree(root, top2[:1])
+        return DraftTree(tokens=torch.stack([root, top2[1], top2[0]]), parents=[-1, 0, 0])
+
+
+@pytest.mark.parametrize("case", ["random-draft-chain", "top2-tree", "top1-chain"])
+def test_sampled_first_two_tokens_follow_the_target(target, draft, case):
+    """Chi-square of the joint law of the first two tokens (the second comes from a verification pass)."""
+    from scipy.stats import chisquare
+
+    from specwire.sampling import logits_to_probs
+
+    params = SamplingParams(temperature=1.5, top_k=3)
+    prompt = prompt_of(5, seed=13)
+    p1 = logits_to_probs(_forward_all(target, prompt)[-1], params)
+    firsts = p1.nonzero().flatten().tolist()
+    exact = {}
+    for a in firsts:
+        p2 = logits_to_probs(_forward_all(target, prompt + [a])[-1], params)
+        for b in p2.nonzero().flatten().tolist():
+            exact[(a, b)] = float(p1[a] * p2[b])
+    g = make_generator(21)
+    counts = dict.fromkeys(exact, 0)
+    n = 600
+    for _ in range(n):
+        d = draft if case == "random-draft-chain" else TopTwoProposer(target, prompt)
+        out = speculative_generate(target, d, prompt, max_new_tokens=3, params=params, generator=g,
+                                   tree=case == "top2-tree", stop_on_eos=False).output_ids
+        counts[(out[0], out[1])] += 1  # a KeyError here is a token the target cannot produce
+    keys = sorted(exact)
+    expected = torch.tensor([exact[k] for k in keys], dtype=torch.float64)
+    p = chisquare([counts[k] for k in keys], (expected / expected.sum() * n).numpy()).pvalue
+    assert p > 1e-3

@@ -473,9 +473,15 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     if REFERENCE not in config.methods:
         notes.append("plain was added to the run: it is the greedy oracle of the lossless check.")
 
+    from .plain import check_request
+
     encoded = []
-    for rec in records:
+    for rec in records:  # every prompt checked before any timing starts
         ids = target.encode_chat(list(rec.messages))
+        try:
+            check_request(target, ids, config.max_new_tokens)
+        except SpecwireError as e:
+            raise SpecwireError(f"prompt {rec.id!r} of {config.prompts}: {e}") from None
         encoded.append((rec.id, ids))
     methods = config.run_methods
 

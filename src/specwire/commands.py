@@ -72,7 +72,9 @@ def render_info(info) -> str:
         "specforge": "layer-output ids, SGLang style",
         "eagle": "original EAGLE training code: hs index",
     }
-    for c in CONVENTIONS:
+    if not info.default_wiring:
+        lines.append(f"  (none: a {info.num_layers}-layer target has no three distinct default states; pass --hs-ids)")
+    for c in CONVENTIONS if info.default_wiring else ():
         lines.append(f"  {c:<12} {str(info.default_wiring[c]):<16} {meaning[c]}")
     return "\n".join(lines)
 

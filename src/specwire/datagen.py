@@ -401,11 +401,19 @@ def generate_conversations(target: Target, prompts: Sequence[PreparedPrompt], pa
 
 # ---- phase 2: capture into shards ------------------------------------------------------------------
 
-class _Manifest:
+class ManifestWriter:
     """The manifest being written: a dict rewritten atomically after each change."""
 
     def __init__(self, path: Path, data: dict):
         self.path, self.data = path, data
+
+    @classmethod
+    def open(cls, out: str | os.PathLike) -> "ManifestWriter":
+        """The manifest of an existing (possibly unfinished) dump folder."""
+        path = Path(out) / MANIFEST
+        data = read_json(path, what="dump manifest")
+        parse_manifest(data, path=path)
+        return cls(path, data)
 
     def write(self) -> None:
         write_json(self.path, self.data)
@@ -438,12 +446,14 @@ def _clean_strays(out: Path, listed: set[str]) -> None:
 
 
 def capture_conversations(target: Target, conversations: Sequence[dict], out: str | os.PathLike, *,
-                          hs_ids: Sequence[int], config: DatagenConfig, manifest: _Manifest) -> PhaseStats:
+                          hs_ids: Sequence[int], config: DatagenConfig, manifest: ManifestWriter | None = None) -> PhaseStats:
     """Phase 2: capture every conversation not yet in a listed shard; write shards and the manifest.
 
     conversations: records with "index", "input_ids" and "loss_mask" (lists or 1-D tensors).
+    manifest: the folder's manifest (default: read from `out`, which must already hold one).
     """
     out = Path(out)
+    manifest = manifest or ManifestWriter.open(out)
     convs = [{"index": r["index"], "input_ids": torch.as_tensor(r["input_ids"], dtype=torch.int64),
               "loss_mask": torch.as_tensor(r["loss_mask"], dtype=torch.uint8)}
              for r in sorted(conversations, key=lambda r: r["index"])]
@@ -579,7 +589,7 @@ def run_datagen(config: DatagenConfig, *, target: Target | None = None, prompts:
                                "skipped_prompts": len(skipped), "conversations": 0},
                     "skipped_prompts": skipped, "shards": [], "options": options, "complete": False}
     existing["options"]["device"] = options["device"]
-    manifest = _Manifest(manifest_path, existing)
+    manifest = ManifestWriter(manifest_path, existing)
     manifest.write()
     result = DatagenResult(out=str(out), complete=False, prompts=len(records), skipped=len(skipped), conversations=0,
                            samples=0, tokens=0, loss_tokens=0, shards=0, hs_ids=list(hs_ids))

@@ -488,7 +488,7 @@ def check_format(view: DraftView, engine: str | None) -> list[Finding]:
             f"{'/'.join(ENGINE_RULES[engine]['layouts'])} layouts; SGLang silently skips `layers.0.*` names and serves "
             "a randomly initialised layer, with no error.",
             f"specwire export {d} --format {engine if engine == 'sglang' else 'speculators'} --out {d}-{engine}"))
-    if engine == "sglang" and view.config_kind in ("speculators", "native") and view.layout == "sglang":
+    if engine == "sglang" and view.layout == "sglang" and view.ids_convention != "sglang":
         out.append(Finding("format-config", "warning",
                            f"{d}: SGLang tensor names with a speculators config (no eagle_config): SGLang will use its default ids.",
                            f"specwire export {d} --format sglang --out {d}-sglang"))
@@ -1020,7 +1020,8 @@ class WiringScorer:
             P = torch.stack([hs @ W[:, k * Ht:(k + 1) * Ht].T for k in range(self.n_slots)])  # [n, L+1, Nd, Hd]
             self.P = P.reshape(n_u, -1, Hd)  # shape: [U, Nd, Hd]
             # Gram of the units per position: mean(g^2) of any candidate is a sum of 9 entries
-            self.G = torch.einsum("upd,vpd->puv", self.P, self.P)  # shape: [Nd, U, U]
+            U = n_u
+            self.G = torch.einsum("upd,vpd->uvp", self.P, self.P).reshape(U * U, -1)  # shape: [U*U, Nd]
             w_hn = layer.hidden_norm.weight.float()
             Wq, Wk, Wv = attn.q_proj.weight.float(), attn.k_proj.weight.float(), attn.v_proj.weight.float()
             e = layer.input_layernorm(cal.embeds[pos.rows + 1].to(self.dev).float())  # shape: [Nd, Hd]
@@ -1038,11 +1039,11 @@ class WiringScorer:
 
             Ph = self.P * w_hn  # hidden_norm(g) = w * g * r, the r applied per candidate
             self.Qh = rope(Ph @ Wq[:, Hd:].T, self.nh)  # shape: [U, Nd, nh*d]
-            self.Kh = rope(Ph @ Wk[:, Hd:].T, self.nkv)  # shape: [U, Nd, nkv*d]
-            self.Vh = Ph @ Wv[:, Hd:].T  # shape: [U, Nd, nkv*d]
+            # keys and values side by side, so one gather per slot serves both
+            self.KVh = torch.cat([rope(Ph @ Wk[:, Hd:].T, self.nkv), Ph @ Wv[:, Hd:].T], -1)  # shape: [U, Nd, 2*nkv*d]
             self.Qe = rope(e @ Wq[:, :Hd].T + bias(attn.q_proj), self.nh)  # shape: [Nd, nh*d]
-            self.Ke = rope(e @ Wk[:, :Hd].T + bias(attn.k_proj), self.nkv)
-            self.Ve = e @ Wv[:, :Hd].T + bias(attn.v_proj)
+            self.KVe = torch.cat([rope(e @ Wk[:, :Hd].T + bias(attn.k_proj), self.nkv),
+                                  e @ Wv[:, :Hd].T + bias(attn.v_proj)], -1)  # shape: [Nd, 2*nkv*d]
             self.w_hn = w_hn
         # vocabulary: draft ids and the target ids they stand for
         self.d2t = draft.d2t.to(self.dev)
@@ -1077,10 +1078,11 @@ class WiringScorer:
 
     @torch.no_grad()
     def evaluate(self, cands: torch.Tensor, queries: torch.Tensor, *, full_vocab: bool = False,
-                 chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 context: int | None = None, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per candidate and query position: (correct [B, Q] bool, log-prob of the label over the vocab used [B, Q]).
 
-        cands: [B, n] hs indices; queries: draft-position indices. Attention is exact (full prefix of each sample).
+        cands: [B, n] hs indices; queries: draft-position indices. Attention covers the full prefix of each
+        query's sample (exact), or only its last `context` positions (the cheap proxy of the pruning rounds).
         """
         cands = cands.to(self.dev)
         queries = queries.to(self.dev)
@@ -1089,7 +1091,9 @@ class WiringScorer:
         logp = torch.full((B, Q), float("nan"), device=self.dev)
         if B == 0 or Q == 0:
             return correct, logp
-        u = self.units(cands)
+        u = self.units(cands)  # shape: [B, n]
+        U = self.P.shape[0]
+        pair = (u[:, :, None] * U + u[:, None, :]).reshape(B, -1)  # Gram entries of each candidate, [B, n*n]
         layer = self.draft.layers[0]
         lm_w = self.draft.lm_head.weight if full_vocab else self.draft.lm_head.weight[self.subset]
         inter = layer.mlp.gate_proj.weight.shape[0]
@@ -1097,48 +1101,49 @@ class WiringScorer:
         for s in torch.unique(self.sample[queries]).tolist():
             qsel = torch.nonzero(self.sample[queries] == s).flatten()
             qi = queries[qsel]  # draft-position indices of this sample's queries
-            keys = torch.nonzero(self.sample == s).flatten()
-            keys = keys[: int(self.local[qi].max()) + 1]  # the prefix up to the last query, in position order
+            qpos = self.local[qi]
+            first = 0 if context is None else max(0, int(qpos.min()) - context + 1)
+            keys = torch.nonzero(self.sample == s).flatten()[first: int(qpos.max()) + 1]
             nk, m = len(keys), len(qi)
-            mask = self.local[keys][None, :] <= self.local[qi][:, None]  # shape: [m, nk]
-            per_cand = nk * (3 * kvw + self.nh * m + self.n_slots ** 2) + m * (lm_w.shape[0] + 3 * inter + 8 * self.Hd)
+            kpos = self.local[keys]
+            mask = (kpos[None, :] <= qpos[:, None])  # shape: [m, nk]
+            if context is not None:
+                mask &= kpos[None, :] > qpos[:, None] - context
+            per_cand = nk * (2 * kvw + self.nh * m + self.n_slots ** 2) + m * (lm_w.shape[0] + 3 * inter + 8 * self.Hd)
             step = chunk or max(1, min(B, int(self.FLOATS_PER_CHUNK // per_cand)))
-            Gk = self.G[keys]  # shape: [nk, U, U]
-            Kh, Vh = self.Kh[:, keys], self.Vh[:, keys]  # each [U, nk, kvw]
+            Gs = self.G[:, keys]  # shape: [U*U, nk]
+            KVh = self.KVh[:, keys]  # shape: [U, nk, 2*kvw]
             Qh, Ph = self.Qh[:, qi], self.P[:, qi]  # [U, m, nh*d], [U, m, Hd]
-            Ke, Ve, Qe = self.Ke[keys], self.Ve[keys], self.Qe[qi]
-            qpos = self.local[qi]  # key index of each query (keys start at position 0)
+            KVe, Qe = self.KVe[keys], self.Qe[qi]
+            qk = qpos - first  # index of each query among the keys
             for b0 in range(0, B, step):
                 ub = u[b0:b0 + step]  # shape: [b, n]
                 b = ub.shape[0]
-                # mean(g^2) at every key position, from the Gram matrix of the units
-                g2 = Gk[:, ub[:, :, None], ub[:, None, :]].sum((-1, -2)).T / self.Hd  # shape: [b, nk]
-                r = torch.rsqrt(g2 + self.eps)  # shape: [b, nk]
-                k = Kh[ub[:, 0]]
-                v = Vh[ub[:, 0]]
+                # mean(g^2) at every key position from the Gram matrix of the units: r = rsqrt(mean(g^2) + eps)
+                r = torch.rsqrt(Gs[pair[b0:b0 + b]].sum(1) / self.Hd + self.eps)  # shape: [b, nk]
+                kv = KVh[ub[:, 0]]
                 q = Qh[ub[:, 0]]
                 g = Ph[ub[:, 0]]
                 for j in range(1, self.n_slots):  # the fused input is a sum over slots: fc is linear
-                    k = k + Kh[ub[:, j]]
-                    v = v + Vh[ub[:, j]]
-                    q = q + Qh[ub[:, j]]
-                    g = g + Ph[ub[:, j]]
-                rq = r[:, qpos]  # shape: [b, m]
-                k = (k * r[..., None] + Ke).view(b, nk, self.nkv, self.d).transpose(1, 2)
-                v = (v * r[..., None] + Ve).view(b, nk, self.nkv, self.d).transpose(1, 2)
-                q = (q * rq[..., None] + Qe).view(b, m, self.nh, self.d).transpose(1, 2)
+                    kv += KVh[ub[:, j]]
+                    q += Qh[ub[:, j]]
+                    g += Ph[ub[:, j]]
+                rq = r[:, qk]  # shape: [b, m]
+                kv.mul_(r[..., None]).add_(KVe)  # shape: [b, nk, 2*kvw]
+                q.mul_(rq[..., None]).add_(Qe)
+                k = kv[..., :kvw].view(b, nk, self.nkv, self.d).transpose(1, 2)
+                v = kv[..., kvw:].view(b, nk, self.nkv, self.d).transpose(1, 2)
+                q = q.view(b, m, self.nh, self.d).transpose(1, 2)
                 a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nkv != self.nh)
                 o = layer.self_attn.o_proj(a.transpose(1, 2).reshape(b, m, -1))  # shape: [b, m, Hd]
-                res = g * rq[..., None] * self.w_hn if self.nbr else g  # residual: hidden_norm(g) or g
-                h = res + o
+                h = (g * rq[..., None] * self.w_hn if self.nbr else g) + o  # residual: hidden_norm(g) or g
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
                 logits = self.draft.norm(h) @ lm_w.T  # shape: [b, m, V used]
                 top = logits.argmax(-1)
                 top_draft = top if full_vocab else self.subset[top]
                 correct[b0:b0 + b, qsel] = self.draft_target[top_draft] == self.labels[qi][None]
                 lab = self.label_draft[qi] if full_vocab else self.label_subset[qi]  # shape: [m]
-                lse = torch.logsumexp(logits, -1)
-                got = logits.gather(-1, lab.clamp(min=0)[None, :, None].expand(b, m, 1))[..., 0] - lse
+                got = logits.gather(-1, lab.clamp(min=0)[None, :, None].expand(b, m, 1))[..., 0] - torch.logsumexp(logits, -1)
                 logp[b0:b0 + b, qsel] = torch.where(lab[None] >= 0, got, torch.full_like(got, float("nan")))
         return correct, logp
 
@@ -1148,14 +1153,17 @@ def all_candidates(num_layers: int, n_slots: int = 3) -> torch.Tensor:
     return torch.tensor(list(itertools.permutations(range(num_layers + 1), n_slots)), dtype=torch.long)
 
 
-def search_wirings(scorer: WiringScorer, *, must_score: Sequence[Sequence[int]] = (), keep: int = 96,
-                   eta: int = 4, first_positions: int = 2, finalists: int = 8, seed: int = 0,
-                   candidates: torch.Tensor | None = None) -> SearchResult:
+def search_wirings(scorer: WiringScorer, *, must_score: Sequence[Sequence[int]] = (), keep: int = 64,
+                   prune: int = 8, grow: int = 4, first_positions: int = 2, proxy_context: int | None = 24,
+                   finalists: int = 6, seed: int = 0, candidates: torch.Tensor | None = None) -> SearchResult:
     """Successive halving over all ordered triples, then every position for `keep` survivors, then exact top-1.
 
-    Survivors are ranked by mean log-probability of the target's token (restricted vocabulary) on a growing
-    random subset of positions (eta times more each round, 1/eta kept); `must_score` wirings (the configured
-    and the trained ones) always reach the exact final stage so their scores are reported.
+    Pruning rounds rank candidates by the mean log-probability of the target's token (over a vocabulary
+    subset, attention limited to the last `proxy_context` positions) on a random subset of positions that
+    grows `grow`-fold each round, keeping 1/`prune` of them (at least `keep`). The survivors are scored on
+    every position with exact attention (top-1 over the subset), and the best `finalists` exactly (top-1
+    over the full draft vocabulary). `must_score` wirings (the configured and the trained ones) always
+    reach the exact stage so that their scores are reported.
     """
     t0 = time.perf_counter()
     n = scorer.n_slots
@@ -1177,16 +1185,16 @@ def search_wirings(scorer: WiringScorer, *, must_score: Sequence[Sequence[int]] 
         ts = time.perf_counter()
         q = order[used:used + take]
         used += len(q)
-        _, lp = scorer.evaluate(alive, q)
+        _, lp = scorer.evaluate(alive, q, context=proxy_context)
         lp = lp.cpu()
         sum_lp += torch.nan_to_num(lp, nan=0.0).sum(1)
         cnt += (~torch.isnan(lp)).sum(1)
         mean = sum_lp / cnt.clamp(min=1)
-        n_keep = max(keep, len(alive) // eta)
+        n_keep = max(keep, len(alive) // prune)
         idx = torch.argsort(mean, descending=True, stable=True)[:n_keep]
         stages.append({"candidates": len(alive), "positions": used, "seconds": round(time.perf_counter() - ts, 3)})
         alive, sum_lp, cnt = alive[idx], sum_lp[idx], cnt[idx]
-        take *= eta
+        take = used * (grow - 1)
     alive_set = {tuple(r.tolist()) for r in alive}
     extra = [w for w in forced if w not in alive_set]
     if extra:
@@ -1334,7 +1342,7 @@ def diagnose(
     num_draft_tokens: int | None = None,
     search: bool = True,
     online: bool = True,
-    keep: int = 96,
+    keep: int = 64,
     calib_prompts: int = 12,
     calib_new_tokens: int = 40,
     calibration: Calibration | None = None,
@@ -1552,7 +1560,7 @@ def add_cli(sub) -> None:
     p.add_argument("--num-draft-tokens", type=int, default=None)
     p.add_argument("--no-search", action="store_true", help="static checks only (fast)")
     p.add_argument("--no-online", action="store_true", help="skip the live-acceptance comparison")
-    p.add_argument("--keep", type=int, default=96, help="wirings rescored on every position after pruning (default: %(default)s)")
+    p.add_argument("--keep", type=int, default=64, help="wirings rescored on every position after pruning (default: %(default)s)")
     p.add_argument("--calib-prompts", type=int, default=12, help="built-in calibration prompts (default: %(default)s)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

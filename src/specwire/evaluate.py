@@ -20,9 +20,7 @@ make consecutive steps right together, which makes real chains somewhat longer).
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -69,7 +67,8 @@ def summarize(totals, *, split: str, n_samples: int, coverage: float | None = No
 
 
 def evaluate(draft, data, *, target=None, ttt_steps: int = 5, split: str = "val", max_samples: int | None = None,
-             batch_tokens: int = 8192, max_length: int = 4096, device: str | torch.device | None = None) -> EvalResult:
+             batch_tokens: int = 8192, max_length: int = 4096, device: str | torch.device | None = None,
+             dtype: str = "float32") -> EvalResult:
     """Teacher-forced per-step accuracy of `draft` on a dump.
 
     draft: an Eagle3Draft, or a checkpoint path/name (loaded with draft.load_draft).
@@ -99,7 +98,7 @@ def evaluate(draft, data, *, target=None, ttt_steps: int = 5, split: str = "val"
         name = target or reader.manifest.get("target")
         if not name:
             raise SpecwireError(f"dump {reader.path}: the manifest names no target.", fix="pass --target.")
-        target = load_target(name, device=device)
+        target = load_target(name, device=device, dtype=dtype)
     dw.check_compatible(dataclasses.replace(reader.wiring, target=target.spec), expected_from="the draft",
                         found_in=f"target '{target.info.name}'", ignore=("draft_vocab_size", "norm_before_residual"))
     draft.attach_embeddings(target.parts.embed)
@@ -141,6 +140,8 @@ def add_cli(sub) -> None:
     p.add_argument("--max-samples", type=int, default=None)
     p.add_argument("--batch-tokens", type=int, default=8192)
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights dtype of the target (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     add_json_option(p)
     p.set_defaults(func=cmd_eval)
@@ -150,7 +151,8 @@ def cmd_eval(args) -> int:
     from .cli import emit_json
 
     r = evaluate(args.draft, args.data, target=args.target, ttt_steps=args.ttt_steps, split=args.split,
-                 max_samples=args.max_samples, batch_tokens=args.batch_tokens, device=args.device)
+                 max_samples=args.max_samples, batch_tokens=args.batch_tokens, device=args.device,
+                 dtype=args.dtype)
     if args.json:
         emit_json(r.to_dict())
         return 0

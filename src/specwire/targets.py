@@ -198,8 +198,16 @@ def info_from_config(config, *, name: str, path: str) -> TargetInfo:
         vocab_size=int(c.vocab_size),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         max_position_embeddings=_max_positions(config),
-        default_wiring=all_conventions(default_hs_ids(L), L),
+        default_wiring=_default_wiring(L),
     )
+
+
+def _default_wiring(num_layers: int) -> dict[str, list[int]]:
+    """The default wiring in every convention; empty for targets too shallow for three distinct states."""
+    try:
+        return all_conventions(default_hs_ids(num_layers), num_layers)
+    except SpecwireError:
+        return {}
 
 
 def target_info(name_or_path: str | os.PathLike) -> TargetInfo:

@@ -32,5 +32,9 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# Rebuild the shipped draft from scratch (hours on a 2-core CPU; resumable: rerun after an interruption).
+draft: install
+	bash scripts/build_draft.sh
+
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -106,24 +106,20 @@ def build_scenario(root: Path, *, steps: int = 200) -> SimpleNamespace:
                             for s in range(len(seqs))])
     pos = cal.draft_positions()
     cal.target_probs = logits[pos.rows + 1][:, torch.arange(128) + d2t].softmax(-1)
-    loss = _train_step0(draft, cal, TRAINED, steps=steps, lr=LR)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny model: one thread avoids OpenMP spin-waiting on the shared 2-core box (~20x)
+    try:
+        loss = _train_step0(draft, cal, TRAINED, steps=steps, lr=LR)
+    finally:
+        torch.set_num_threads(threads)
     native = save_draft(draft.eval(), root / "draft")
     sglang = export_draft(native, root / "draft-sglang", fmt="sglang").out
     return SimpleNamespace(root=root, target_dir=tdir, wrong_target=wrong, target=target, data=data, native=native,
                            sglang=sglang, cal=cal, loss=loss, draft=draft)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one thread avoids OpenMP spin-waiting on the shared 2-core machine (50x slower there)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, one_thread):
+def trained(tmp_path_factory):
     return build_scenario(tmp_path_factory.mktemp("doctor"))
 
 

@@ -20,13 +20,15 @@ from .errors import SpecwireError
 
 # Modules that contribute subcommands through `add_cli(subparsers)`, in help order.
 COMMAND_MODULES = [
-    "specwire.commands",
-    "specwire.formats",
-    "specwire.launch",
-    "specwire.train", "specwire.evaluate",
-    "specwire.bench",
+    "specwire.commands",  # info, generate, demo
     "specwire.datagen",
-    "specwire.doctor",
+    "specwire.train",
+    "specwire.evaluate",
+    "specwire.bench",
+    "specwire.formats",  # export, import
+    "specwire.launch",
+    "specwire.doctor",  # doctor, dump-states
+    "specwire.serve",
 ]
 
 EPILOG = """\

@@ -1078,12 +1078,15 @@ class WiringScorer:
 
     @torch.no_grad()
     def evaluate(self, cands: torch.Tensor, queries: torch.Tensor, *, full_vocab: bool = False,
-                 context: int | None = None, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 context: int | None = None, norm_before_residual: bool | None = None,
+                 chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per candidate and query position: (correct [B, Q] bool, log-prob of the label over the vocab used [B, Q]).
 
         cands: [B, n] hs indices; queries: draft-position indices. Attention covers the full prefix of each
         query's sample (exact), or only its last `context` positions (the cheap proxy of the pruning rounds).
+        `norm_before_residual` overrides the scorer's residual mode (to test the other value empirically).
         """
+        nbr = self.nbr if norm_before_residual is None else norm_before_residual
         cands = cands.to(self.dev)
         queries = queries.to(self.dev)
         B, Q = cands.shape[0], len(queries)
@@ -1136,7 +1139,7 @@ class WiringScorer:
                 q = q.view(b, m, self.nh, self.d).transpose(1, 2)
                 a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nkv != self.nh)
                 o = layer.self_attn.o_proj(a.transpose(1, 2).reshape(b, m, -1))  # shape: [b, m, Hd]
-                h = (g * rq[..., None] * self.w_hn if self.nbr else g) + o  # residual: hidden_norm(g) or g
+                h = (g * rq[..., None] * self.w_hn if nbr else g) + o  # residual: hidden_norm(g) or g
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
                 logits = self.draft.norm(h) @ lm_w.T  # shape: [b, m, V used]
                 top = logits.argmax(-1)
@@ -1418,8 +1421,8 @@ def diagnose(
                                 "calibration": cal.source, "stages": res.stages, "seconds": round(res.seconds, 3)}
             # the residual mode, empirically: the best wiring under both values
             ts = time.perf_counter()
-            alt = WiringScorer(draft, cal, norm_before_residual=not sc.nbr)
-            c_alt, _ = alt.evaluate(torch.tensor([res.best]), alt.scored_positions, full_vocab=True)
+            c_alt, _ = sc.evaluate(torch.tensor([res.best]), sc.scored_positions, full_vocab=True,
+                                   norm_before_residual=not sc.nbr)
             alt_score = float(c_alt.float().mean())
             wiring["scores"]["norm_before_residual"] = {str(sc.nbr).lower(): res.best_score, str(not sc.nbr).lower(): alt_score}
             if alt_score > res.best_score + max(0.05, 0.2 * res.best_score):

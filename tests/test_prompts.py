@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
+import gzip
+import itertools
 import json
+import random
+import re
 from collections import Counter
 
 import pytest
@@ -10,11 +15,14 @@ import pytest
 from specwire.errors import SpecwireError
 from specwire.prompts import (
     HUMANEVAL_INSTRUCTION,
+    SYNTHETIC_PER_KIND,
     PromptRecord,
     build_pool,
     find_benchmark_overlap,
     load_prompts,
     main,
+    make_ordering_puzzle,
+    make_truth_puzzle,
     normalize_text,
     pool_path,
 )
@@ -152,16 +160,17 @@ def test_overlap_check_catches_planted_leaks():
 def test_pool_mixes_code_chat_and_reasoning(pool):
     categories = Counter(r.category for r in pool)
     assert set(categories) == {"code", "chat", "reasoning"}
-    assert all(n >= 0.15 * len(pool) for n in categories.values()), categories
+    assert all(n >= 0.10 * len(pool) for n in categories.values()), categories
     families = Counter(r.source.split(":")[0] for r in pool)
-    assert {"bigbench", "stdlib", "shakespeare"} <= set(families)
+    assert {"stdlib", "shakespeare", "milton", "synthetic"} <= set(families)
+    assert "bigbench" not in families  # its canary asks to keep it out of training data (docs/PROMPT_POOL.md)
     # HumanEval-form completions from stdlib code are part of the code share.
     assert sum(r.first_user_turn.startswith(HUMANEVAL_INSTRUCTION.split("{")[0]) for r in pool) >= 500
     # The stored order is shuffled, so a prefix is a mixed sample too.
     assert set(Counter(r.category for r in pool[:300])) == {"code", "chat", "reasoning"}
 
 
-def test_build_pool_is_deterministic(tmp_path):
+def tiny_stdlib(tmp_path):
     stdlib = tmp_path / "lib"
     stdlib.mkdir()
     (stdlib / "shapes.py").write_text(
@@ -172,6 +181,11 @@ def test_build_pool_is_deterministic(tmp_path):
             for i in range(6)
         )
     )
+    return stdlib
+
+
+def test_build_pool_is_deterministic(tmp_path):
+    stdlib = tiny_stdlib(tmp_path)
     a = build_pool(tmp_path / "a.jsonl.gz", seed=3, sources={"stdlib": stdlib})
     b = build_pool(tmp_path / "b.jsonl.gz", seed=3, sources={"stdlib": stdlib})
     assert a.total == 7 and a.by_family == {"stdlib": 7}  # 6 functions + the module overview
@@ -179,6 +193,107 @@ def test_build_pool_is_deterministic(tmp_path):
     assert len(load_prompts(tmp_path / "a.jsonl.gz")) == 7
     with pytest.raises(SpecwireError, match="expected an sdist path"):
         build_pool(tmp_path / "c.jsonl", sources={"bigbench": tmp_path / "missing"})
+
+
+def pool_lines(path):
+    return gzip.decompress(path.read_bytes()).splitlines(keepends=True)
+
+
+def test_synthetic_block_is_appended_after_the_other_sources(tmp_path):
+    # Datagen jobs index the pool by position, so adding the synthetic block must leave every
+    # earlier record byte-identical and in place.
+    stdlib = tiny_stdlib(tmp_path)
+    base = build_pool(tmp_path / "base.jsonl.gz", seed=3, sources={"stdlib": stdlib})
+    full = build_pool(tmp_path / "full.jsonl.gz", seed=3, sources={"stdlib": stdlib, "synthetic": None})
+    again = build_pool(tmp_path / "again.jsonl.gz", seed=3, sources={"synthetic": None, "stdlib": stdlib})
+    assert (tmp_path / "full.jsonl.gz").read_bytes() == (tmp_path / "again.jsonl.gz").read_bytes()
+    old, new = pool_lines(tmp_path / "base.jsonl.gz"), pool_lines(tmp_path / "full.jsonl.gz")
+    assert new[:len(old)] == old and len(old) == base.total == 7
+    records = load_prompts(tmp_path / "full.jsonl.gz")
+    synthetic = [i for i, r in enumerate(records) if r.source.startswith("synthetic:")]
+    assert synthetic == list(range(base.total, full.total))  # all synthetic ids come after all others
+    assert full.by_family["synthetic"] == full.total - base.total == again.total - base.total
+    assert full.by_family["synthetic"] >= 20 * SYNTHETIC_PER_KIND
+    assert {records[i].category for i in synthetic} == {"reasoning", "chat"}
+    # The block is shuffled on its own: its start mixes kinds rather than running one kind after another.
+    assert len({records[i].source for i in synthetic[:30]}) >= 10
+    other_seed = build_pool(tmp_path / "seed4.jsonl", seed=4, sources={"synthetic": None})
+    texts = {r.first_user_turn for r in records[base.total:]}
+    assert other_seed.total == full.by_family["synthetic"]
+    assert len(texts & {r.first_user_turn for r in load_prompts(tmp_path / "seed4.jsonl")}) < 0.3 * len(texts)
+    with pytest.raises(SpecwireError, match="'synthetic' takes no input"):
+        build_pool(tmp_path / "x.jsonl", sources={"synthetic": "some/path"})
+
+
+def test_shipped_pool_keeps_synthetic_prompts_last(pool):
+    synthetic = [i for i, r in enumerate(pool) if r.source.startswith("synthetic:")]
+    assert len(synthetic) >= 1500 and synthetic == list(range(len(pool) - len(synthetic), len(pool)))
+    assert Counter(pool[i].category for i in synthetic)["reasoning"] >= 1000
+
+
+def test_ordering_puzzles_have_exactly_one_solution():
+    holds = {  # our own reading of each clue kind, against an order (first place first)
+        "before": lambda o, x, y: o.index(x) < o.index(y),
+        "next": lambda o, x, y: o.index(y) == o.index(x) + 1,
+        "gap1": lambda o, x, y: abs(o.index(x) - o.index(y)) == 2,
+        "pos": lambda o, x, k: o.index(x) == k,
+        "notpos": lambda o, x, k: o.index(x) != k,
+    }
+    for seed in range(150):
+        puzzle = make_ordering_puzzle(random.Random(seed))
+        solutions = [o for o in itertools.permutations(puzzle.people)
+                     if all(holds[kind](o, a, b) for kind, a, b in puzzle.clues)]
+        assert solutions == [puzzle.solution], (seed, puzzle.text)
+        assert all(name in puzzle.text for name in puzzle.people)
+        assert len(puzzle.text.split(". ")) >= len(puzzle.clues) + 1  # every clue is written out
+
+
+def test_truth_puzzles_have_exactly_one_solution():
+    def statement(clue, who, n):
+        kind, args = clue[0], clue[2:]
+        if kind == "is":
+            return who[args[0]] == args[1]
+        if kind == "same":
+            return who[args[0]] == who[args[1]]
+        if kind == "diff":
+            return who[args[0]] != who[args[1]]
+        if kind == "some-liar":
+            return not (who[args[0]] and who[args[1]])
+        assert kind == "count"
+        return sum(who.values()) == args[0]
+
+    for seed in range(150):
+        puzzle = make_truth_puzzle(random.Random(seed))
+        n = len(puzzle.people)
+        solutions = []
+        for honest in itertools.product((True, False), repeat=n):
+            who = dict(zip(puzzle.people, honest))
+            if all(statement(c, who, n) == who[c[1]] for c in puzzle.clues):  # truth-tellers say true things
+                solutions.append(honest)
+        assert solutions == [puzzle.solution], (seed, puzzle.text)
+        assert puzzle.text.count(" says: ") == len(puzzle.clues)
+
+
+def test_synthetic_calendar_premises_are_true(pool):
+    months = {m: i for i, m in enumerate(("January", "February", "March", "April", "May", "June", "July", "August",
+                                          "September", "October", "November", "December"), 1)}
+    checked = 0
+    for r in pool:
+        if r.source != "synthetic:dates-times":
+            continue
+        m = re.search(r"(?:(\w+) (\d+), (\d{4})|(\d+) (\w+) (\d{4})|(\d{4})-(\d\d)-(\d\d)) is a (\w+day)\b",
+                      r.first_user_turn)
+        if m:
+            g = m.groups()
+            if g[0]:
+                date = datetime.date(int(g[2]), months[g[0]], int(g[1]))
+            elif g[3]:
+                date = datetime.date(int(g[5]), months[g[4]], int(g[3]))
+            else:
+                date = datetime.date(int(g[6]), int(g[7]), int(g[8]))
+            assert date.strftime("%A") == g[9], r.first_user_turn
+            checked += 1
+    assert checked >= 10
 
 
 def test_cli_stats(capsys):

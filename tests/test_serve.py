@@ -117,7 +117,7 @@ def test_parse_request_unknown_model_is_404():
 
 
 def test_metrics_aggregate_requests_and_render_prometheus():
-    m = ServerMetrics(model_name=MODEL, mode="tree")
+    m = ServerMetrics()
     m.record("completions", prompt_tokens=5, completion_tokens=8, seconds=2.0,
              extra={"accept_length": 2.0, "num_verify_passes": 4, "accept_counts": [3, 1], "reach_counts": [4, 3],
                     "draft_s": 0.5, "verify_s": 1.0})
@@ -369,11 +369,12 @@ def test_builtin_target_chat_is_lossless_and_streams_the_same_text(tmp_path):
 
     target = load_target("smollm2-135m", device="cpu", dtype="float32")
     path = SHIPPED_DRAFT if (shipped_draft_dir() / "config.json").is_file() else make_draft_dir(target, tmp_path / "d")
-    app = create_app(target, load_engine_draft(path, target), spec=SpecConfig(), model_name=MODEL)
+    app = create_app(target, load_engine_draft(path, target),
+                     spec=SpecConfig(num_steps=3, topk=2, num_draft_tokens=4), model_name=MODEL)
     messages = [{"role": "user", "content": "Name three colours, in French."}]
-    text, ref = _plain_text(target, target.encode_chat(messages), 24)
+    text, ref = _plain_text(target, target.encode_chat(messages), 16)
     with TestClient(app) as client:
-        out = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 24}).json()
-        chunks = _stream(client, "/v1/chat/completions", {"messages": messages, "max_tokens": 24})
-    assert out["choices"][0]["message"]["content"] == text and out["usage"]["completion_tokens"] == len(ref.output_ids)
+        out = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 16}).json()
+        chunks = _stream(client, "/v1/chat/completions", {"messages": messages, "max_tokens": 16})
+    assert text.strip() and out["choices"][0]["message"]["content"] == text and out["usage"]["completion_tokens"] == len(ref.output_ids)
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == text

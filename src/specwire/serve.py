@@ -258,8 +258,7 @@ class TextTracker:
 class ServerMetrics:
     """Server-wide counters, updated by the worker thread, read by /metrics (thread-safe)."""
 
-    def __init__(self, *, model_name: str, mode: str):
-        self.model_name, self.mode = model_name, mode
+    def __init__(self):
         self._lock = threading.Lock()
         self.requests: dict[str, int] = {}  # endpoint -> completed requests
         self.errors: dict[str, int] = {}  # error type -> count
@@ -396,7 +395,7 @@ def create_app(target, draft=None, *, spec=None, model_name: str | None = None):
         mode = "plain"
     model_name = model_name or target.info.name
     context = target.info.max_position_embeddings
-    metrics = ServerMetrics(model_name=model_name, mode=mode)
+    metrics = ServerMetrics()
     created = int(time.time())
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specwire-serve")
 
@@ -407,7 +406,7 @@ def create_app(target, draft=None, *, spec=None, model_name: str | None = None):
         """Decode one request (worker thread). on_text gets each newly released piece of text."""
         if cancelled.is_set():
             raise _Abort()
-        seed = req.seed if req.seed is not None else secrets.randbits(63)
+        seed = req.seed if req.seed is not None else secrets.randbits(32)
         params = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
         gen = make_generator(seed, target.device)
         tracker = TextTracker(decode, req.stop)
@@ -465,7 +464,7 @@ def create_app(target, draft=None, *, spec=None, model_name: str | None = None):
         if isinstance(e, SpecwireError):
             metrics.record_error("invalid_request_error")
             return JSONResponse(error_body(str(e)), status_code=400)
-        log.exception("specwire serve: request failed")
+        log.error("specwire serve: request failed", exc_info=e)
         metrics.record_error("server_error")
         return JSONResponse(error_body("internal server error (see the server log)", type_="server_error"),
                             status_code=500)

@@ -12,15 +12,20 @@ One round, for the last accepted target position b (EAGLE-3, Li et al. 2025):
      (captured by hooks during the target pass that produced them) and embed(x_{t+1}); its output at
      b predicts x_{b+2}. The root x_{b+1} is the target's last produced token. The draft then
      expands a chain (one token per step) or an EAGLE-2 tree (top-k per step, the top-k nodes by
-     cumulative log-probability expanded further, `num_draft_tokens` kept). A depth-d draft node is
-     fed at position b+d; the draft's tree entries are dropped from its cache after proposing.
+     cumulative log-probability expanded further, `num_draft_tokens` kept). Every draft node is fed
+     at position b (see below); the draft's tree entries are dropped from its cache after proposing.
   2. verify: one target pass over [root, draft nodes] at positions b+1+depth, with a tree attention
      mask (a 4D mask passed to the HF model; a chain needs only the causal mask).
   3. keep: the target's KV cache keeps the root and the accepted nodes, compacted into place by one
      gather per layer (no recomputation); their captured states become the draft's next input, paired
      with the tokens shifted by one (accepted tokens, then the bonus token, which is the next root).
-Draft positions follow EAGLE's inference code: the draft input (g_t, x_{t+1}) sits at position t,
-including inside the tree.
+Draft positions follow the training convention (`train.ttt_unroll`): a real input (g_t, x_{t+1}) sits
+at position t, and every drafted node of a round, at any depth, at position b, as TTT step d at
+position t keeps the position id t (EAGLE-3 reference training, SpecForge). EAGLE's inference code,
+SGLang and vLLM instead feed a depth-d node at b+d, which the draft never saw in training: on the
+self-distilled setup of tests/test_online_offline.py, b+d lowered live chain acceptance at draft
+positions 1-3 from 0.75/0.74/0.74 (equal to the offline replay) to 0.67/0.51/0.60, and the accept
+length from 2.64 to 2.37 (chain) and from 2.86 to 2.64 (tree).
 
 Metrics in `GenerationResult.extra`:
   accept_length        mean tokens produced per verification pass (accepted draft tokens + 1 bonus),
@@ -228,7 +233,7 @@ class EagleProposer:
         if steps == 0:
             return root_only(root)
         real = self.cache.length
-        last_pos = start + T - 1  # position b of the last real input; depth-d nodes sit at b + d
+        last_pos = start + T - 1  # position b of the last real input; every draft node sits at b too
         try:
             if tree and spec.topk > 1:
                 return self._tree(logits, h, root, last_pos, steps=steps, topk=spec.topk, budget=spec.num_draft_tokens)
@@ -240,7 +245,7 @@ class EagleProposer:
         toks, qs = [], []
         for i in range(steps):
             if i:
-                pos = torch.full((1, 1), last_pos + i, device=h.device, dtype=torch.long)
+                pos = torch.full((1, 1), last_pos, device=h.device, dtype=torch.long)  # TTT: constant position
                 logits, h = self._step(h[None], toks[-1].reshape(1, 1), pos, None, last_only=True)
             if params.greedy:
                 d = logits.argmax(-1)  # shape: [1]
@@ -270,7 +275,7 @@ class EagleProposer:
         n_cand = topk
         for step in range(1, steps):
             mask = torch.cat([torch.ones(topk, real, dtype=torch.bool, device=dev), anc], dim=1)[None, None]
-            pos = torch.full((1, topk), last_pos + step, device=dev, dtype=torch.long)
+            pos = torch.full((1, topk), last_pos, device=dev, dtype=torch.long)  # TTT: constant position
             lg, hid = self._step(f_hidden[None], f_tokens[None], pos, mask, last_only=False)  # [k, Vd], [k, H]
             top = torch.log_softmax(lg.float(), -1).topk(topk, dim=-1)  # shape: [k, k]
             cu = (scores[:, None] + top.values).reshape(-1)  # shape: [k*k]

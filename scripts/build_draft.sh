@@ -10,8 +10,8 @@ RUN=${RUN:-runs/draft}
 SAMPLES=${SAMPLES:-3000}          # training conversations (self-distilled from the prompt pool)
 NEW_TOKENS=${NEW_TOKENS:-128}     # answer length cap, the benchmark's generation length
 VOCAB=${VOCAB:-8192}              # draft vocabulary (see docs/MODEL_CARD.md for the coverage measurement)
-EPOCHS=${EPOCHS:-2}
-LR=${LR:-3e-4}
+EPOCHS=${EPOCHS:-6}
+LR=${LR:-1e-3}
 EVAL_SAMPLES=${EVAL_SAMPLES:-80}  # held-out MT-bench / HumanEval prompts answered by the target for eval
 THREADS=${THREADS:-2}
 mkdir -p "$RUN"

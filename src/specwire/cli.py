@@ -50,6 +50,13 @@ def add_model_options(p: argparse.ArgumentParser, *, target: bool = True, draft:
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
 
 
+def add_draft_mode_option(p: argparse.ArgumentParser) -> None:
+    """--tree (default) / --chain: how the draft proposes tokens."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--tree", dest="tree", action="store_true", default=True, help="tree drafting (default)")
+    g.add_argument("--chain", dest="tree", action="store_false", help="chain drafting")
+
+
 def add_json_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of text")
 

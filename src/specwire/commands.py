@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 
-from .cli import add_json_option, add_model_options, emit_json
+from .cli import add_draft_mode_option, add_json_option, add_model_options, emit_json
 from .wiring import CONVENTIONS
 
 
@@ -34,9 +34,7 @@ def add_cli(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--tree", dest="tree", action="store_true", default=True, help="tree drafting (default)")
-    g.add_argument("--chain", dest="tree", action="store_false", help="chain drafting")
+    add_draft_mode_option(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("demo", help="the main job on built-in defaults",

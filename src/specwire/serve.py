@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from starlette.requests import Request  # module level: FastAPI resolves the handlers' annotations here
 
-from .cli import add_model_options
+from .cli import add_draft_mode_option, add_model_options
 from .errors import SpecwireError
 
 log = logging.getLogger(__name__)
@@ -615,9 +615,7 @@ def add_cli(sub) -> None:
                        "processed one at a time, in arrival order.")
     add_model_options(p, draft=True)
     p.add_argument("--no-draft", action="store_true", help="plain decoding, no speculation")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--tree", dest="tree", action="store_true", default=True, help="tree drafting (default)")
-    g.add_argument("--chain", dest="tree", action="store_false", help="chain drafting")
+    add_draft_mode_option(p)
     p.add_argument("--num-steps", type=int, default=None, help="draft depth (default: the engine's)")
     p.add_argument("--topk", type=int, default=None, help="branching per tree step (default: the engine's)")
     p.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens verified per tree pass "

@@ -131,6 +131,29 @@ def test_empty_file_is_a_clear_error(tmp_path, content):
 # ----------------------------------------------------------------------------- the training pool
 
 
+def test_pool_parts_select_by_source_prefix_and_slice(pool):
+    synthetic = load_prompts("pool:synthetic")
+    assert synthetic and all(r.source.startswith("synthetic") for r in synthetic)
+    assert [r.id for r in synthetic] == [r.id for r in pool if r.source.startswith("synthetic")]  # stored order
+    both = load_prompts("pool:stdlib,milton")
+    assert {r.source.split(":")[0] for r in both} == {"stdlib", "milton"}
+    assert [r.id for r in load_prompts("pool[512:1000]")] == [r.id for r in pool[512:1000]]
+    assert [r.id for r in load_prompts("pool:synthetic[:5]")] == [r.id for r in synthetic[:5]]
+    assert [r.id for r in load_prompts("pool[7800:]")] == [r.id for r in pool[7800:]]
+    # disjoint parts: what `make draft` relies on to merge dumps without repeating a prompt
+    assert not {r.id for r in load_prompts("pool[:512]")} & {r.id for r in synthetic + load_prompts("pool[512:1000]")}
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("pool:nothing", "no pool prompt's source starts with nothing; the pool's sources are milton, shakespeare"),
+    ("pool[20000:]", "the slice is empty"),
+    ("pool[a:b]", "expected 'pool', 'pool:PREFIX"),
+])
+def test_bad_pool_part_is_a_clear_error(spec, expected):
+    with pytest.raises(SpecwireError, match=re.escape(expected)):
+        load_prompts(spec)
+
+
 def test_pool_is_large_unique_and_well_formed(pool):
     assert len(pool) >= 5000
     assert pool_path().parent.name == "pool"  # read from inside the package

@@ -323,7 +323,8 @@ def test_loss_is_the_step_weighted_mean_kl(tiny_llama_target, dumps):
 
 def base_config(data, out, **kw) -> TrainConfig:
     defaults = dict(ttt_steps=3, batch_size=8, lr=3e-3, progress=False, log_every=1, save_every=1000)
-    return TrainConfig(data=str(data), out=str(out), **{**defaults, **kw})
+    data = str(data) if isinstance(data, (str, Path)) else [str(d) for d in data]
+    return TrainConfig(data=data, out=str(out), **{**defaults, **kw})
 
 
 def majority_baseline(target, dump) -> float:
@@ -397,6 +398,25 @@ def test_mismatched_dump_is_refused_naming_the_difference(dumps, tiny_target, tm
         train(base_config(dumps["small"], tmp_path / "c", target=str(wider), max_steps=1))
 
 
+def test_several_dumps_merge_and_a_misfit_is_refused(dumps, tiny_target, tiny_llama_target, tmp_path):
+    from specwire.dump import open_dump
+    from specwire.train import load_run_data
+
+    a, b = open_dump(dumps["train"]), open_dump(dumps["small"])
+    data = load_run_data(base_config([dumps["train"], dumps["small"]], tmp_path / "m"), tiny_llama_target)
+    assert len(data.train) == len(list(a.split("train"))) + len(list(b.split("train")))
+    assert len(data.val) == len(list(a.split("val"))) + len(list(b.split("val")))
+    assert torch.equal(data.vocab_counts, a.vocab_counts() + b.vocab_counts())
+    assert str(dumps["small"]) in data.source
+    # a dump of the same target taken at other layers is refused by name, wherever it sits in the list
+    other = write_dump(tmp_path / "other", tiny_llama_target, pattern_samples(8, seed=3),
+                       target_name=str(tiny_target("llama")), hs_ids=[1, 4, 5])
+    with pytest.raises(WiringMismatch, match=r"dump .*other: hidden-state ids: expected hs \[2, 4, 5\].*found hs \[1, 4, 5\]"):
+        train(base_config([dumps["small"], other], tmp_path / "x", max_steps=1))
+    with pytest.raises(SpecwireError, match="online mode reads one datagen folder"):
+        base_config([dumps["small"], other], tmp_path / "y", online=True)
+
+
 def test_cli_train_json_and_errors(dumps, tmp_path, capsys):
     from specwire.cli import main
 
@@ -404,6 +424,10 @@ def test_cli_train_json_and_errors(dumps, tmp_path, capsys):
                "--max-steps", "2", "--batch-size", "4", "--no-progress", "--json", "--lr", "1e-3"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["finished"] and out["steps"] == 2 and len(out["val"]["step_accuracy"]) == 2
+    rc = main(["train", "--data", str(dumps["small"]), str(dumps["heldout"]), "--out", str(tmp_path / "two"),
+               "--ttt-steps", "2", "--max-steps", "2", "--batch-size", "4", "--no-progress", "--json", "--lr", "1e-3"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["finished"] and out["steps"] == 2
     rc = main(["train", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "d"), "--no-progress"])
     assert rc == 2 and "no manifest names the target" in capsys.readouterr().err
 

@@ -76,6 +76,7 @@ class BenchConfig:
     num_draft_tokens: int | None = None  # tree budget of draft tokens per verify pass (None: engine default)
     device: str | None = None  # torch device (None: cuda when available, else cpu)
     dtype: str = "float32"  # weights dtype, the same for every method
+    linear: str = "pretransposed"  # the target's linear layers ("pretransposed" or "torch"), shared by every method
     threads: int | None = None  # torch CPU threads (None: leave torch's setting)
     warmup_tokens: int = 16  # new tokens per method on the first prompt before timing (0 = no warm-up)
     out_dir: str | None = None  # run folder (None: runs/bench-<prompts>-<timestamp>/); "" = write nothing
@@ -119,7 +120,7 @@ class BenchConfig:
         for name in ("num_steps", "topk", "num_draft_tokens", "device", "threads"):
             if getattr(self, name) is not None:
                 argv += [f"--{name.replace('_', '-')}", str(getattr(self, name))]
-        argv += ["--dtype", self.dtype, "--warmup-tokens", str(self.warmup_tokens)]
+        argv += ["--dtype", self.dtype, "--linear", self.linear, "--warmup-tokens", str(self.warmup_tokens)]
         return shlex.join(argv)
 
     def to_dict(self) -> dict[str, Any]:
@@ -454,7 +455,7 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     if not records:
         raise SpecwireError(f"prompt source {config.prompts!r} holds no prompts.")
     if target is None:
-        target = load_target(config.target, device=config.device, dtype=config.dtype)
+        target = load_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear)
     spec = None
     runners: dict[str, Runner] = {}
     for m in config.run_methods:
@@ -552,7 +553,7 @@ def add_cli(sub) -> None:
         "run (same dtype and threads, prompt-major interleaving, warm-up first). Every output is compared with plain "
         "greedy decoding (lossless column); speed-ups are given over hf-generate and over plain. Writes results.md, "
         "results.png and results.json into the run folder.")
-    add_model_options(p, draft=True)
+    add_model_options(p, draft=True, linear=True)
     p.add_argument("--prompts", default="mt-bench", help="mt-bench, humaneval, or a JSONL file (default: %(default)s)")
     p.add_argument("--limit", type=int, default=None, help="first N prompts (default: all)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
@@ -572,7 +573,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         target=args.target, draft=args.draft, prompts=args.prompts, limit=args.limit,
         max_new_tokens=args.max_new_tokens, methods=parse_methods(args.methods), num_steps=args.num_steps,
         topk=args.topk, num_draft_tokens=args.num_draft_tokens, device=args.device, dtype=args.dtype,
-        threads=args.threads, warmup_tokens=args.warmup_tokens, out_dir=args.out, progress=not args.no_progress,
+        linear=args.linear, threads=args.threads, warmup_tokens=args.warmup_tokens, out_dir=args.out, progress=not args.no_progress,
         command=None,  # results.md records the equivalent command with every setting explicit
     )
 

@@ -38,8 +38,9 @@ and refuses a mismatch. `specwire info smollm2-135m` shows them in every tool's 
 """
 
 
-def add_model_options(p: argparse.ArgumentParser, *, target: bool = True, draft: bool = False) -> None:
-    """Options every model-running command shares."""
+def add_model_options(p: argparse.ArgumentParser, *, target: bool = True, draft: bool = False,
+                      linear: bool = False) -> None:
+    """Options every model-running command shares (`linear`: the decoding commands' --linear too)."""
     if target:
         p.add_argument("--target", default="smollm2-135m", help="built-in target name or HF model folder (default: %(default)s)")
     if draft:
@@ -48,6 +49,11 @@ def add_model_options(p: argparse.ArgumentParser, *, target: bool = True, draft:
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    if linear:
+        p.add_argument("--linear", default="pretransposed", choices=["pretransposed", "torch"],
+                       help="the target's linear layers on CPU: 'pretransposed' stores W.T contiguously, which makes "
+                            "multi-token verify passes cheaper and one-token steps no slower; 'torch' keeps nn.Linear "
+                            "(default: %(default)s; every method of a bench run shares the same target)")
 
 
 def add_draft_mode_option(p: argparse.ArgumentParser) -> None:

@@ -25,7 +25,7 @@ def add_cli(sub) -> None:
     p = sub.add_parser("generate", help="one generation, streamed to the terminal",
                        description="Generate a reply to one prompt (the target's chat template is applied). "
                        "Without --draft it decodes plainly; with one it decodes speculatively.")
-    add_model_options(p)
+    add_model_options(p, linear=True)
     p.add_argument("--draft", default=None, help="draft folder or 'smollm2-135m-eagle3' (default: plain decoding)")
     p.add_argument("--prompt", required=True, help="user message")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -42,7 +42,7 @@ def add_cli(sub) -> None:
                        "answers with tree speculation, benchmark hf-generate / plain / eagle3-chain / eagle3-tree on a "
                        "handful of MT-bench prompts (lossless check included), and print the doctor's verdict. Without "
                        "an installed draft it decodes plainly and says so.")
-    add_model_options(p, draft=True)
+    add_model_options(p, draft=True, linear=True)
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per streamed answer (default: %(default)s)")
     p.add_argument("--bench-prompts", type=int, default=4, help="MT-bench prompts in the benchmark (default: %(default)s)")
     p.add_argument("--bench-tokens", type=int, default=64, help="new tokens per benchmark prompt (default: %(default)s)")
@@ -94,7 +94,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .targets import load_target
 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    target = load_target(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
     prompt_ids = target.tokenizer(args.prompt)["input_ids"] if args.raw else target.encode_chat(args.prompt)
     stream = _Streamer(target.tokenizer)
     gen = make_generator(args.seed, target.device)
@@ -188,7 +188,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .targets import load_target
 
     t0 = time.perf_counter()
-    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    target = load_target(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
     print(render_info(target.info))
     print(f"\nloaded in {time.perf_counter() - t0:.1f} s")
     draft, why_not = _demo_draft(args, target)
@@ -215,7 +215,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = BenchConfig(
         target=args.target, draft=args.draft if draft is not None else None, prompts="mt-bench",
         limit=args.bench_prompts, max_new_tokens=args.bench_tokens, methods=methods, device=args.device,
-        dtype=args.dtype, threads=args.threads, warmup_tokens=8,
+        dtype=args.dtype, linear=args.linear, threads=args.threads, warmup_tokens=8,
         out_dir=args.out or str(default_run_dir("mt-bench", prefix="demo")),
     )
     print(f"benchmark: {', '.join(methods)} on {args.bench_prompts} MT-bench prompts, {args.bench_tokens} new tokens, "

@@ -44,7 +44,7 @@ import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from specwire.errors import SpecwireError
 
@@ -93,7 +93,9 @@ class PromptRecord:
 def load_prompts(source: str | os.PathLike, *, limit: int | None = None) -> list[PromptRecord]:
     """Prompts from a named source ("mt-bench", "humaneval", "pool") or a JSONL file, in file order.
 
-    `limit` keeps the first N. The pool is stored shuffled, so its first N are a mixed sample.
+    `limit` keeps the first N. The pool is stored shuffled, so its first N are a mixed sample. Parts of the
+    pool: "pool:synthetic" (sources starting with a prefix; "pool:stdlib,shakespeare" for several) and
+    "pool[512:1000]" (a slice of the stored order), so separate dumps can take disjoint parts.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise SpecwireError(f"limit must be a positive integer or None, found {limit!r}.")
@@ -102,8 +104,8 @@ def load_prompts(source: str | os.PathLike, *, limit: int | None = None) -> list
         records = _load_mt_bench()
     elif name == "humaneval":
         records = _load_humaneval()
-    elif name == "pool":
-        records = _load_pool()
+    elif name == "pool" or name.startswith(("pool:", "pool[")):
+        records = select_pool(_load_pool(), name)
     elif Path(name).is_file():
         records = _load_jsonl(Path(name))
     else:
@@ -197,6 +199,37 @@ def pool_path() -> Path:
 
 def _load_pool() -> list[PromptRecord]:
     return _load_jsonl(pool_path())
+
+
+_POOL_SPEC = re.compile(r"pool(?::(?P<prefixes>[\w.,-]+))?(?:\[(?P<start>\d*):(?P<end>\d*)\])?")
+
+
+def select_pool(records: Sequence[PromptRecord], spec: str) -> list[PromptRecord]:
+    """"pool", "pool:PREFIX[,PREFIX...]" and/or "pool[START:END]" -> the selected records, in stored order.
+
+    The prefix filter applies first, then the slice: "pool:shakespeare[0:100]" is the first 100 Shakespeare prompts.
+    """
+    m = _POOL_SPEC.fullmatch(spec)
+    if m is None:
+        raise SpecwireError(
+            f"Prompt source {spec!r}: expected 'pool', 'pool:PREFIX[,PREFIX...]' or 'pool[START:END]'.",
+            fix="e.g. --prompts pool:synthetic or --prompts 'pool[512:1000]'.",
+        )
+    out = list(records)
+    if m["prefixes"]:
+        prefixes = tuple(p for p in m["prefixes"].split(",") if p)
+        out = [r for r in out if r.source.startswith(prefixes)]
+        if not out:
+            known = sorted({r.source.split(":")[0] for r in records})
+            raise SpecwireError(f"Prompt source {spec!r}: no pool prompt's source starts with {', '.join(prefixes)}; "
+                                f"the pool's sources are {', '.join(known)}.")
+    if m["start"] is not None:
+        start = int(m["start"]) if m["start"] else 0
+        end = int(m["end"]) if m["end"] else len(out)
+        selected, out = len(out), out[start:end]
+        if not out:
+            raise SpecwireError(f"Prompt source {spec!r}: the slice is empty (the selection has {selected} prompts).")
+    return out
 
 
 # ----------------------------------------------------------------------------- JSONL files

@@ -613,7 +613,7 @@ def add_cli(sub) -> None:
                        "/v1/chat/completions (both with stream=true), /v1/models, /health and /metrics (Prometheus). "
                        "Decodes speculatively with the draft (lossless), or plainly with --no-draft. Requests are "
                        "processed one at a time, in arrival order.")
-    add_model_options(p, draft=True)
+    add_model_options(p, draft=True, linear=True)
     p.add_argument("--no-draft", action="store_true", help="plain decoding, no speculation")
     add_draft_mode_option(p)
     p.add_argument("--num-steps", type=int, default=None, help="draft depth (default: the engine's)")
@@ -645,7 +645,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise SpecwireError(f"--port: expected 1-65535, found {args.port}.")
     spec = None if args.no_draft else spec_from_args(args)
-    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    target = load_target(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
     draft = None
     if not args.no_draft:
         from .engine import load_engine_draft

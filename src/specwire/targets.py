@@ -311,13 +311,23 @@ class Target:
         return self.tokenizer(text)["input_ids"]
 
 
+LINEAR_KINDS = ("torch", "pretransposed")  # how a target's linear layers compute (see `fastlinear`)
+
+
 def load_target(
     name_or_path: str | os.PathLike = BUILTIN_TARGET,
     *,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = "float32",
+    linear: str = "torch",
 ) -> Target:
-    """Load a target offline; refuses non-causal models and unreadable weights with a clear error."""
+    """Load a target offline; refuses non-causal models and unreadable weights with a clear error.
+
+    linear="pretransposed" swaps the nn.Linear layers for `fastlinear.PretransposedLinear` on CPU (cheaper
+    multi-token passes; see that module). It changes no weight, so the fingerprint is the same.
+    """
+    if linear not in LINEAR_KINDS:
+        raise SpecwireError(f"linear: expected one of {', '.join(LINEAR_KINDS)}, found {linear!r}.")
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -338,6 +348,10 @@ def load_target(
         raise SpecwireError(f"target '{path}': could not load the weights ({str(e).splitlines()[0]}).") from None
     model.to(device).eval()
     model.requires_grad_(False)
+    if linear == "pretransposed" and device.type == "cpu":  # cuBLAS needs no help with transposed weights
+        from .fastlinear import pretranspose_linears
+
+        pretranspose_linears(model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError):

@@ -80,7 +80,7 @@ RESUME_FREE_FIELDS = ("out", "eval_every", "save_every", "log_every", "eval_max_
 class TrainConfig:
     """Everything `train` needs. The CLI fills it from flags; tests build it directly."""
 
-    data: str  # dump folder (or, with online=True, a datagen folder holding conversations.jsonl)
+    data: str | list[str]  # dump folder(s), merged (or, with online=True, one datagen folder with conversations.jsonl)
     out: str  # run folder: checkpoint/, draft/, metrics.jsonl
     target: str | None = None  # target name/path; default: the one the dump's manifest names
     hs_ids: list[int] | None = None  # expected fused hs ids; default: the dump's (online: EAGLE-3 default)
@@ -111,6 +111,15 @@ class TrainConfig:
     stop_after: int | None = None  # stop this invocation after N more steps, as if killed (tests, time boxes)
 
     def __post_init__(self):
+        if not isinstance(self.data, str):
+            self.data = [str(d) for d in self.data]
+            if not self.data:
+                raise SpecwireError("TrainConfig.data: expected a dump folder, found an empty list.")
+            if len(self.data) == 1:
+                self.data = self.data[0]
+            elif self.online:
+                raise SpecwireError(f"TrainConfig.data: online mode reads one datagen folder, found {len(self.data)}.",
+                                    fix="merge the prompts into one datagen run, or capture dumps and train without --online.")
         if self.hs_ids is not None:
             self.hs_ids = [int(i) for i in self.hs_ids]
         self.betas = tuple(float(b) for b in self.betas)
@@ -135,6 +144,10 @@ class TrainConfig:
             raise SpecwireError(f"TrainConfig.max_grad_norm: expected > 0, found {self.max_grad_norm}.")
         if self.init_lm_head not in ("target", "random"):
             raise SpecwireError(f"TrainConfig.init_lm_head: expected 'target' or 'random', found {self.init_lm_head!r}.")
+
+    @property
+    def data_dirs(self) -> list[str]:
+        return [self.data] if isinstance(self.data, str) else list(self.data)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -583,20 +596,24 @@ def load_run_data(config: TrainConfig, target) -> RunData:
     """Open the data (dump or conversations), check it against the run's wiring, and load its splits."""
     from .dump import CONVERSATIONS, MANIFEST, is_validation, open_dump, read_conversations
 
-    data = Path(config.data)
     if not config.online:
-        probe = open_dump(data, check_shards=False)
+        first = config.data_dirs[0]
+        probe = open_dump(first, check_shards=False)
         hs_ids = config.hs_ids if config.hs_ids is not None else list(probe.wiring.hs_ids)
         expect = expected_wiring(target, hs_ids)
-        reader = open_dump(data, expect=expect)
-        train = DataSet(list(reader.split("train")) if config.eval_data is None else list(reader.iter_samples(None)))
-        if config.eval_data is not None:
-            ereader = open_dump(config.eval_data, expect=expect)
-            val = DataSet(list(ereader.iter_samples(None)))
+        # Several dumps merge into one data set; each is checked against the same wiring, so a dump made
+        # with other layers, another target or another tokenizer is refused by name.
+        readers = [open_dump(d, expect=expect) for d in config.data_dirs]
+        own_val = config.eval_data is None  # without --eval-data, each dump's val split validates
+        train = DataSet([s for r in readers for s in (r.split("train") if own_val else r.iter_samples(None))])
+        if own_val:
+            val = DataSet([s for r in readers for s in r.split("val")])
         else:
-            val = DataSet(list(reader.split("val")))
-        return RunData(train=train, val=val, wiring=reader.wiring, vocab_counts=reader.vocab_counts(),
-                       target_name=reader.manifest.get("target"), source=f"dump {data}")
+            val = DataSet(list(open_dump(config.eval_data, expect=expect).iter_samples(None)))
+        counts = sum((r.vocab_counts() for r in readers[1:]), readers[0].vocab_counts())
+        return RunData(train=train, val=val, wiring=readers[0].wiring, vocab_counts=counts,
+                       target_name=readers[0].manifest.get("target"), source="dump " + ", ".join(config.data_dirs))
+    data = Path(config.data)
     # online: conversations.jsonl of a datagen run (phase 1); states are captured per batch
     conv_path = data / CONVERSATIONS if data.is_dir() else data
     from .wiring import default_hs_ids
@@ -808,6 +825,10 @@ class TrainResult:
     tokens_per_s: float  # loss tokens (step 0) per second of training in this invocation
     finished: bool
 
+    @property
+    def data_dirs(self) -> list[str]:
+        return [self.data] if isinstance(self.data, str) else list(self.data)
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         for k in ("out_dir", "draft_dir", "checkpoint_dir", "metrics_path"):
@@ -876,9 +897,9 @@ def train(config: TrainConfig) -> TrainResult:
 def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> TrainResult:
     out = Path(config.out)
     ckpt_dir, metrics_path, draft_dir = out / "checkpoint", out / "metrics.jsonl", out / "draft"
-    target_name = config.target or manifest_target(config.data)
+    target_name = config.target or manifest_target(config.data_dirs[0])
     if target_name is None:
-        raise SpecwireError(f"{config.data}: no manifest names the target.", fix="pass --target NAME_OR_PATH.")
+        raise SpecwireError(f"{config.data_dirs[0]}: no manifest names the target.", fix="pass --target NAME_OR_PATH.")
     target = load_target(target_name, device=device, dtype=config.target_dtype)
     data = load_run_data(config, target)
     if len(data.train) == 0:
@@ -1023,7 +1044,9 @@ def add_cli(sub) -> None:
         description="Train an EAGLE-3 draft on a hidden-state dump (from `specwire datagen`) with K-step "
         "training-time test. Rerunning the same command resumes from OUT/checkpoint. Under "
         "`torchrun --nproc-per-node N` the data is sharded by rank. The final draft goes to OUT/draft.")
-    p.add_argument("--data", required=True, help="dump folder (online: datagen folder with conversations.jsonl)")
+    p.add_argument("--data", required=True, nargs="+", metavar="DIR",
+                   help="dump folder(s), merged into one data set after each is checked against the wiring "
+                        "(online: one datagen folder with conversations.jsonl)")
     p.add_argument("--out", required=True, help="run folder (checkpoint/, draft/, metrics.jsonl)")
     p.add_argument("--target", default=None, help="target name or HF folder (default: the one the dump names)")
     p.add_argument("--hs-ids", default=None, help="expected fused hs ids, e.g. 2,15,27 (default: the dump's)")

@@ -1,0 +1,81 @@
+"""Pre-transposed linear layers: the same maths as nn.Linear, and lossless decoding on a swapped target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import make_tiny_model, make_tiny_target_dir
+from specwire.engine import load_engine_draft, speculative_generate
+from specwire.errors import SpecwireError
+from specwire.fastlinear import PretransposedLinear, is_pretransposed, pretranspose_linears
+from specwire.plain import plain_generate
+from specwire.targets import load_target
+from test_engine import OracleProposer, make_draft_dir, prompt_of
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 6, 16])
+def test_module_computes_what_nn_linear_computes(bias, rows):
+    torch.manual_seed(rows)
+    lin = nn.Linear(48, 80, bias=bias)
+    pt = PretransposedLinear(lin)
+    assert pt.weight_t.shape == (48, 80) and pt.weight_t.is_contiguous()
+    assert torch.equal(pt.weight, lin.weight)  # the [out, in] view code written for nn.Linear reads
+    for shape in [(rows, 48), (2, rows, 48)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(pt(x), lin(x), rtol=1e-5, atol=1e-5)
+    assert not any(p.requires_grad for p in pt.parameters())
+
+
+def test_swap_covers_every_linear_keeps_embeddings_and_logits():
+    model = make_tiny_model("llama").eval()
+    n_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
+    x = torch.randint(0, 256, (2, 11))
+    with torch.no_grad():
+        before = model(x).logits
+        emb = model.get_input_embeddings().weight.clone()
+        assert pretranspose_linears(model, skip=("lm_head",)) == n_linear - 1
+        assert isinstance(model.lm_head, nn.Linear) and is_pretransposed(model)
+        assert pretranspose_linears(model) == 1  # then the head too
+        assert not any(isinstance(m, nn.Linear) for m in model.modules())
+        torch.testing.assert_close(model(x).logits, before, rtol=1e-5, atol=1e-5)
+        assert torch.equal(model.get_input_embeddings().weight, emb)
+
+
+@pytest.fixture(scope="module")
+def swapped(tmp_path_factory):
+    folder = make_tiny_target_dir(tmp_path_factory.mktemp("fl-target"))
+    plain_t = load_target(folder, device="cpu")
+    fast_t = load_target(folder, device="cpu", linear="pretransposed")
+    return plain_t, fast_t, tmp_path_factory.mktemp("fl-draft")
+
+
+def test_swapped_target_keeps_its_identity_and_greedy_text(swapped):
+    plain_t, fast_t, _ = swapped
+    assert is_pretransposed(fast_t.model) and not is_pretransposed(plain_t.model)
+    assert fast_t.spec == plain_t.spec  # same fingerprint: no weight changed
+    assert fast_t.parts.lm_head is fast_t.model.lm_head
+    prompt = prompt_of(40, seed=1)
+    assert plain_generate(fast_t, prompt, max_new_tokens=24).output_ids == \
+        plain_generate(plain_t, prompt, max_new_tokens=24).output_ids
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_speculation_on_a_swapped_target_is_lossless(swapped, tree):
+    _, target, tmp = swapped
+    draft = load_engine_draft(make_draft_dir(target, tmp / f"d-{tree}"), target)
+    for n_prompt in (3, 60):
+        prompt = prompt_of(n_prompt, seed=n_prompt)
+        ref = plain_generate(target, prompt, max_new_tokens=40, stop_on_eos=False).output_ids
+        assert speculative_generate(target, draft, prompt, max_new_tokens=40, tree=tree,
+                                    stop_on_eos=False).output_ids == ref
+        oracle = OracleProposer(prompt, ref, target.spec.vocab_size)  # multi-token verify passes
+        res = speculative_generate(target, oracle, prompt, max_new_tokens=40, tree=tree, stop_on_eos=False)
+        assert res.output_ids == ref and res.extra["accept_length"] > 2
+
+
+def test_unknown_linear_kind_is_refused(tmp_path):
+    with pytest.raises(SpecwireError, match="linear: expected one of torch, pretransposed, found 'packed'"):
+        load_target(make_tiny_target_dir(tmp_path), device="cpu", linear="packed")

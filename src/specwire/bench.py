@@ -165,7 +165,7 @@ class MethodResult:
     lossless: bool  # output identical to plain greedy on every prompt
     mismatches: int  # prompts whose output differs from plain greedy
     first_mismatch: dict | None  # {"prompt_id", "position"} of the first difference, if any
-    time_split: dict | None  # {"draft_s", "verify_s", "other_s"} summed, for draft methods
+    time_split: dict | None  # {"draft_s", "verify_s", "other_s", "verify_passes"} summed, for draft methods
     speedup_vs_hf: float | None = None  # tokens_per_s / hf-generate's (None when not run)
     speedup_vs_plain: float | None = None  # tokens_per_s / plain's
 
@@ -273,6 +273,7 @@ def summarize_method(method: str, runs: Sequence[PromptRun], reference: dict[str
             rows = [r.extra.get("accept_per_position") or [] for r in runs]
             per_pos = weighted_positions(rows, passes if sum(passes) > 0 else [1.0] * len(rows))
         split = {k: sum(float(r.extra.get(k) or 0.0) for r in runs) for k in ("draft_s", "verify_s", "other_s")}
+        split["verify_passes"] = int(sum(passes))
     return MethodResult(
         method=method, tokens=tokens, seconds=seconds,
         tokens_per_s=tokens / seconds if seconds > 0 else float("nan"),

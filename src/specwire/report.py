@@ -52,6 +52,33 @@ def render_positions(report: "BenchReport") -> str:
     return "\n".join(out)
 
 
+def render_profile(report: "BenchReport", *, goal: float = 2.5) -> str:
+    """Where a draft method's time goes, in units of one plain decoding step ('' without draft methods).
+
+    Per verify round (one target pass plus the draft steps before it): ms in verify, draft and the rest, and
+    the round's cost over plain's ms per token. That cost is the accept length at which the method breaks
+    even with plain; `goal` times the round's cost over hf-generate's ms per token is the accept length a
+    `goal`x speed-up over hf-generate needs.
+    """
+    plain, hf = report.result("plain"), report.result("hf-generate")
+    rows = [r for r in report.results if r.time_split and r.time_split.get("verify_passes")]
+    if not rows or plain is None or not plain.tokens:
+        return ""
+    plain_ms = 1000 * plain.seconds / plain.tokens
+    hf_ms = 1000 * hf.seconds / hf.tokens if hf is not None and hf.tokens else None
+    out = [f"| method | verify ms / round | draft ms / round | other ms / round | round / plain step "
+           f"| accept length: break-even | accept length: {goal:g}x hf-generate | reached |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        s, n = r.time_split, r.time_split["verify_passes"]
+        v, d, o = (1000 * s[k] / n for k in ("verify_s", "draft_s", "other_s"))
+        round_ms = v + d + o
+        need = goal * round_ms / hf_ms if hf_ms else None
+        out.append(f"| {r.method} | {v:.1f} | {d:.1f} | {o:.1f} | {round_ms / plain_ms:.2f}x | {round_ms / plain_ms:.2f} "
+                   f"| {_num(need, '{:.2f}')} | {_num(r.accept_length, '{:.2f}')} |")
+    return "\n".join(out) + f"\n\nplain: {plain_ms:.1f} ms per token" + (f"; hf-generate: {hf_ms:.1f} ms" if hf_ms else "")
+
+
 def speedup_sentence(report: "BenchReport") -> str:
     """One line stating the best draft method's speed-up over both baselines (or why there is none)."""
     best = report.best_draft_method
@@ -95,6 +122,12 @@ def render_markdown(report: "BenchReport") -> str:
         lines += ["Acceptance per draft position k: among verify passes that reached k (positions before it all "
                   "accepted), the fraction that accepted a draft token at k.", "", pos, ""]
     lines += [speedup_sentence(report), ""]
+    prof = render_profile(report)
+    if prof:
+        lines += ["## Where the time goes", "",
+                  "Per verify round (one target pass and the draft steps before it), from the engine's timers. A round "
+                  "costing c plain steps pays off when it yields more than c tokens: c is the break-even accept length.",
+                  "", prof, ""]
     for n in report.notes:
         lines.append(f"Note: {n}")
     if report.notes:

@@ -79,3 +79,39 @@ def test_speculation_on_a_swapped_target_is_lossless(swapped, tree):
 def test_unknown_linear_kind_is_refused(tmp_path):
     with pytest.raises(SpecwireError, match="linear: expected one of torch, pretransposed, found 'packed'"):
         load_target(make_tiny_target_dir(tmp_path), device="cpu", linear="packed")
+
+
+def test_hf_generate_and_prompt_lookup_run_on_a_swapped_target(swapped, tmp_path):
+    """The bench shares one swapped target among all methods: HF's own loops must run on it, losslessly."""
+    import json
+
+    from specwire.bench import BenchConfig, run_bench
+
+    _, target, _ = swapped
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "abc abc abc abc abc abc"}) + "\n")
+    cfg = BenchConfig(target=str(target.info.path), draft=None, prompts=str(prompts), max_new_tokens=12,
+                      methods=("hf-generate", "hf-prompt-lookup", "plain"), warmup_tokens=0, out_dir="", progress=False)
+    rep = run_bench(cfg, target=target)
+    assert [r.method for r in rep.results] == ["hf-generate", "hf-prompt-lookup", "plain"]
+    assert all(r.lossless and r.tokens == 12 for r in rep.results), [(r.method, r.first_mismatch) for r in rep.results]
+
+
+def test_verify_cost_script_writes_its_tables(swapped, tmp_path):
+    """bench/verify_cost.py (the curve in docs/BENCHMARKS.md) runs end to end on a tiny target."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "verify_cost.py"
+    spec = importlib.util.spec_from_file_location("verify_cost", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _, target, _ = swapped
+    assert mod.main(["--target", str(target.info.path), "--threads", "1", "--context", "8", "--reps", "1",
+                     "--out", str(tmp_path / "vc")]) == 0
+    data = json.loads((tmp_path / "vc" / "results.json").read_text())
+    assert set(data["ms"]) == {"torch", "pretransposed"}
+    assert all(len(v) == len(data["tokens"]) and min(v) > 0 for v in data["ms"].values())
+    assert "| pretransposed, ms |" in (tmp_path / "vc" / "results.md").read_text()
+    assert (tmp_path / "vc" / "results.png").read_bytes()[:4] == b"\x89PNG"

@@ -315,8 +315,10 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_info(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+def machine_info(device: torch.device, dtype: torch.dtype, model: torch.nn.Module | None = None) -> dict[str, Any]:
     import transformers
+
+    from .fastlinear import is_pretransposed
 
     info = {
         "torch": torch.__version__,
@@ -328,6 +330,8 @@ def machine_info(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         "device": str(device),
         "dtype": str(dtype).replace("torch.", ""),
     }
+    if model is not None:  # what the target's linear layers actually run (the config may ask for what CUDA skips)
+        info["linear"] = "pretransposed" if is_pretransposed(model) else "torch"
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
@@ -515,7 +519,7 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
         spec_dict = {k: v for k, v in dataclasses.asdict(spec).items() if k != "tree"}  # the method picks chain/tree
     report = BenchReport(
         config=config, results=results, prompt_ids=[pid for pid, _ in encoded],
-        machine=machine_info(target.device, target.dtype),
+        machine=machine_info(target.device, target.dtype, target.model),
         spec=spec_dict,
         runs=runs, notes=notes,
     )

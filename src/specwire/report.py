@@ -126,7 +126,8 @@ def render_markdown(report: "BenchReport") -> str:
     if prof:
         lines += ["## Where the time goes", "",
                   "Per verify round (one target pass and the draft steps before it), from the engine's timers. A round "
-                  "costing c plain steps pays off when it yields more than c tokens: c is the break-even accept length.",
+                  "costing c plain steps pays off when it yields more than c tokens: c is the break-even accept length. "
+                  "The prompt's prefill counts in verify, as it counts in plain's time per token.",
                   "", prof, ""]
     for n in report.notes:
         lines.append(f"Note: {n}")

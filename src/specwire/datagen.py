@@ -642,7 +642,7 @@ def add_cli(sub) -> None:
     p = sub.add_parser("datagen", help="self-distilled data + hidden-state dump with manifest; resumable",
                        description=DATAGEN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(p)
-    p.add_argument("--prompts", required=True, help="mt-bench, humaneval, pool, or a JSONL file")
+    p.add_argument("--prompts", required=True, help="mt-bench, humaneval, pool (or a part: pool:synthetic, 'pool[512:1000]'), or a JSONL file")
     p.add_argument("--out", required=True, help="dump folder (created, or resumed when it holds a dump)")
     p.add_argument("--hs-ids", default=None, help="fused hs ids, e.g. 2,15,27 (default: the target's [2, L//2, L-3])")
     p.add_argument("--max-samples", type=int, default=None, help="use only the first N prompts of the source")

@@ -1,8 +1,9 @@
 """Training an EAGLE-3 draft with training-time test (TTT): `specwire train`.
 
 Owns: `TrainConfig`, the TTT maths as pure functions (attention pattern, target distributions, loss,
-accuracy, learning-rate schedule), the unrolled forward shared with `evaluate`, batching, resumable
-checkpoints, data parallelism under `torchrun`, online mode, and the `train` subcommand. Does not own
+accuracy, learning-rate schedule), the unrolled forward shared with `evaluate`, batching (one or several
+dumps merged, each checked against the run's wiring), resumable checkpoints, data parallelism under
+`torchrun`, online mode, and the `train` subcommand. Does not own
 the draft module (`draft`), the dump format (`dump`), the vocabulary map (`vocab`) or the offline
 report (`evaluate`).
 

@@ -76,7 +76,7 @@ class BenchConfig:
     num_draft_tokens: int | None = None  # tree budget of draft tokens per verify pass (None: engine default)
     device: str | None = None  # torch device (None: cuda when available, else cpu)
     dtype: str = "float32"  # weights dtype, the same for every method
-    linear: str = "pretransposed"  # the target's linear layers ("pretransposed" or "torch"), shared by every method
+    linear: str = "torch"  # the target's linear layers ("torch" or "pretransposed"), shared by every method
     threads: int | None = None  # torch CPU threads (None: leave torch's setting)
     warmup_tokens: int = 16  # new tokens per method on the first prompt before timing (0 = no warm-up)
     out_dir: str | None = None  # run folder (None: runs/bench-<prompts>-<timestamp>/); "" = write nothing

@@ -50,10 +50,10 @@ def add_model_options(p: argparse.ArgumentParser, *, target: bool = True, draft:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     if linear:
-        p.add_argument("--linear", default="pretransposed", choices=["pretransposed", "torch"],
-                       help="the target's linear layers on CPU: 'pretransposed' stores W.T contiguously, which makes "
-                            "multi-token verify passes cheaper and one-token steps no slower; 'torch' keeps nn.Linear "
-                            "(default: %(default)s; every method of a bench run shares the same target)")
+        p.add_argument("--linear", default="torch", choices=["torch", "pretransposed"],
+                       help="the target's linear layers on CPU: 'torch' keeps nn.Linear; 'pretransposed' stores W.T "
+                            "contiguously, which made multi-token passes 4-13%% cheaper at 2 threads here "
+                            "(docs/BENCHMARKS.md) (default: %(default)s; every method of a bench run shares the same target)")
 
 
 def add_draft_mode_option(p: argparse.ArgumentParser) -> None:

@@ -6,9 +6,11 @@ layers for it in place. Does not own model loading (`targets`) or timing (`bench
 Why: `nn.Linear` computes x @ W.T with W stored [out, in]. On CPU, torch's GEMM path for a few rows
 against that transposed view is slow: with SmolLM2-135M's [3072, 576] MLP weight, 6 rows cost about
 2x what x @ Wt costs when Wt is stored [in, out] contiguously, while 1 row costs the same either way
-(docs/BENCHMARKS.md has the measurements). Speculation lives on multi-token verify passes, so the
-swap helps drafted decoding and leaves one-token decoding (`plain`, `hf-generate`) where it was.
-A benchmark applies it to the one target that every method shares, so the comparison stays fair.
+(one matrix, 1 thread). Speculation lives on multi-token verify passes, so the swap can help drafted
+decoding. Over a whole SmolLM2-135M pass at 2 threads the gain shrinks to 4-13% for 4-16 tokens, with
+1-2 token passes no faster (`bench/verify_cost.py`, docs/BENCHMARKS.md), so it is opt-in:
+`load_target(..., linear="pretransposed")`, `--linear pretransposed`. A benchmark applies it to the one
+target that every method shares, so the comparison stays fair.
 
 Output is the same maths in another summation order: logits agree with `nn.Linear` to float rounding,
 not bitwise. Losslessness is always judged against greedy decoding of the same (swapped) target.

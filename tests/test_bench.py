@@ -321,3 +321,111 @@ def test_a_prompt_past_the_context_is_refused_before_timing(tiny_llama_target, t
                       progress=False)
     with pytest.raises(SpecwireError, match="long:1.*max_position_embeddings"):
         run_bench(cfg, target=tiny_llama_target)
+
+
+# ---- resuming an interrupted run (benchlog) -------------------------------------------------------------
+
+def _resumable(tiny_llama_target, prompt_file, out: Path, **kw) -> BenchConfig:
+    base = dict(target=str(tiny_llama_target.info.path), draft=None, prompts=str(prompt_file), max_new_tokens=8,
+                methods=("hf-generate", "plain"), warmup_tokens=0, out_dir=str(out), progress=False)
+    return BenchConfig(**{**base, **kw})
+
+
+def _crash_plain_on_call(monkeypatch, n: int) -> None:
+    """Make `plain` raise KeyboardInterrupt on its n-th call (as a Ctrl-C in the middle of a run would)."""
+    import specwire.bench as bench
+
+    real = bench._plain_runner
+
+    def crashing(target):
+        run, calls = real(target), [0]
+
+        def wrapped(ids, max_new_tokens):
+            calls[0] += 1
+            if calls[0] == n:
+                raise KeyboardInterrupt
+            return run(ids, max_new_tokens)
+
+        return wrapped
+
+    monkeypatch.setattr(bench, "_plain_runner", crashing)
+
+
+def test_an_interrupted_bench_resumes_whole_prompts(tiny_llama_target, prompt_file, tmp_path, monkeypatch):
+    from specwire.benchlog import RUNS_FILE
+
+    out = tmp_path / "run"
+    cfg = _resumable(tiny_llama_target, prompt_file, out)
+    with monkeypatch.context() as m:
+        _crash_plain_on_call(m, 2)  # plain's 2nd call = prompt 2: prompt 1 is finished, prompt 2 half-measured
+        with pytest.raises(KeyboardInterrupt):
+            run_bench(cfg, target=tiny_llama_target)
+    lines = (out / RUNS_FILE).read_text().splitlines()
+    assert len(lines) == 2 and not (out / "results.json").exists()  # header + the one finished prompt
+    first = json.loads(lines[1])
+    with open(out / RUNS_FILE, "ab") as f:  # a crash in the middle of an append leaves half a line
+        f.write(b'{"prompt_id":"tiny-1","ru')
+
+    rep = run_bench(cfg, target=tiny_llama_target)
+    assert len(rep.prompt_ids) == 3 and len(rep.runs) == 6
+    assert all(r.lossless for r in rep.results)
+    assert any(n.startswith("resumed: 1 of 3 prompts") for n in rep.notes)
+    recorded = {r["method"]: r for r in first["runs"]}
+    for run in rep.runs[:2]:  # the finished prompt is taken from the record, not measured again
+        assert run.prompt_id == first["prompt_id"] and run.seconds == recorded[run.method]["seconds"]
+        assert run.output_ids == recorded[run.method]["output_ids"]
+    lines = (out / RUNS_FILE).read_text().splitlines()
+    assert len(lines) == 4 and all(json.loads(x) for x in lines)  # the half line was cut, two prompts appended
+    assert json.loads((out / "results.json").read_text())["n_prompts"] == 3
+
+
+def test_a_larger_limit_extends_a_finished_run_and_fresh_measures_again(tiny_llama_target, prompt_file, tmp_path):
+    out = tmp_path / "run"
+    first = run_bench(_resumable(tiny_llama_target, prompt_file, out, limit=1), target=tiny_llama_target)
+    assert not any(n.startswith("resumed") for n in first.notes)
+    more = run_bench(_resumable(tiny_llama_target, prompt_file, out, limit=2), target=tiny_llama_target)
+    assert len(more.prompt_ids) == 2 and any(n.startswith("resumed: 1 of 2 prompts") for n in more.notes)
+    assert [r.seconds for r in more.runs[:2]] == [r.seconds for r in first.runs]
+    again = run_bench(_resumable(tiny_llama_target, prompt_file, out, limit=2, resume=False), target=tiny_llama_target)
+    assert not any(n.startswith("resumed") for n in again.notes)
+    assert [r.seconds for r in again.runs] != [r.seconds for r in more.runs]
+
+
+def test_resume_refuses_other_settings_another_machine_and_a_corrupt_record(tiny_llama_target, prompt_file, tmp_path):
+    from specwire.benchlog import RUNS_FILE
+
+    out = tmp_path / "run"
+    run_bench(_resumable(tiny_llama_target, prompt_file, out, limit=1), target=tiny_llama_target)
+    with pytest.raises(SpecwireError, match=r"other settings \(max_new_tokens: recorded 8, now 6\)") as e:
+        run_bench(_resumable(tiny_llama_target, prompt_file, out, max_new_tokens=6), target=tiny_llama_target)
+    assert "--fresh" in e.value.fix
+
+    path = out / RUNS_FILE
+    header, *rest = path.read_text().splitlines()
+    h = json.loads(header)
+    h["machine"]["cpu"] = "another CPU"
+    path.write_text("\n".join([json.dumps(h), *rest]) + "\n")
+    with pytest.raises(SpecwireError, match=r"another machine \(cpu: recorded 'another CPU', now .*never mixed"):
+        run_bench(_resumable(tiny_llama_target, prompt_file, out), target=tiny_llama_target)
+
+    path.write_text(header + "\nnot json\n" + "\n".join(rest) + "\n")
+    with pytest.raises(SpecwireError, match=rf"{RUNS_FILE}:2: not valid JSON"):
+        run_bench(_resumable(tiny_llama_target, prompt_file, out), target=tiny_llama_target)
+    path.write_text('{"prompt_id": "tiny-0", "runs": []}\n')
+    with pytest.raises(SpecwireError, match=r":1: expected a header with format 'specwire-bench-runs'"):
+        run_bench(_resumable(tiny_llama_target, prompt_file, out), target=tiny_llama_target)
+
+
+def test_cli_rerun_of_the_same_bench_command_resumes(tiny_llama_target, prompt_file, tmp_path):
+    from specwire.cli import main
+
+    argv = ["bench", "--target", str(tiny_llama_target.info.path), "--prompts", str(prompt_file), "--limit", "1",
+            "--max-new-tokens", "4", "--methods", "plain", "--device", "cpu", "--warmup-tokens", "0",
+            "--out", str(tmp_path / "cli"), "--no-progress", "--json"]
+    notes = []
+    for extra in ([], [], ["--fresh"]):
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            assert main(argv + extra) == 0
+        notes.append(json.loads(buf.getvalue())["notes"])
+    assert notes[0] == [] and notes[1] and notes[1][0].startswith("resumed: 1 of 1 prompts") and notes[2] == []

@@ -2,7 +2,7 @@
 
 Owns: `BenchConfig`, running every method on the same prompts in one process (same dtype, same
 thread count, prompt-major interleaving after a short warm-up), the lossless check of every
-method's output against plain greedy decoding, the aggregate numbers (tok/s, accept length,
+method's output against plain greedy decoding, resuming an interrupted run from its record (`benchlog`), the aggregate numbers (tok/s, accept length,
 acceptance per draft position, draft/verify/other time, speed-ups over `hf-generate` and over
 `plain`), the run folder (results.md / results.png / results.json) and the `bench` subcommand.
 
@@ -34,9 +34,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .benchlog import RUNS_FILE, append_prompt, resume_record, start_record
 from .errors import SpecwireError
 
 METHODS = ("hf-generate", "hf-prompt-lookup", "plain", "eagle3-chain", "eagle3-tree")
+# BenchConfig fields a resumed run may change: a larger limit extends a run with more prompts.
+RESUME_FREE_FIELDS = ("limit", "out_dir", "resume", "progress", "command")
 DRAFT_METHODS = ("eagle3-chain", "eagle3-tree")
 REFERENCE = "plain"  # every method's output is compared with this one's (greedy oracle)
 BASELINE = "hf-generate"
@@ -80,6 +83,7 @@ class BenchConfig:
     threads: int | None = None  # torch CPU threads (None: leave torch's setting)
     warmup_tokens: int = 16  # new tokens per method on the first prompt before timing (0 = no warm-up)
     out_dir: str | None = None  # run folder (None: runs/bench-<prompts>-<timestamp>/); "" = write nothing
+    resume: bool = True  # continue the record (runs.jsonl) an interrupted run left in out_dir; False: measure afresh
     progress: bool = True  # tqdm progress bar on stderr
     command: str | None = None  # the command line recorded in results.md (None: `cli_command()`)
 
@@ -127,6 +131,10 @@ class BenchConfig:
         d = dataclasses.asdict(self)
         d["methods"] = list(self.methods)
         return d
+
+    def resume_settings(self) -> dict[str, Any]:
+        """The settings a resumed run must share with the record (where it writes and how many prompts may differ)."""
+        return {k: v for k, v in self.to_dict().items() if k not in RESUME_FREE_FIELDS}
 
 
 # ---- results ---------------------------------------------------------------------------------------
@@ -490,8 +498,14 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
             raise SpecwireError(f"prompt {rec.id!r} of {config.prompts}: {e}") from None
         encoded.append((rec.id, ids))
     methods = config.run_methods
+    machine = machine_info(target.device, target.dtype, target.model)
+    out = None if config.out_dir == "" else Path(config.out_dir) if config.out_dir else default_run_dir(config.prompts)
+    done = _open_record(config, out, machine, encoded, methods)
+    if done:
+        notes.append(f"resumed: {len(done)} of {len(encoded)} prompts were measured by an earlier invocation on this "
+                     f"machine ({RUNS_FILE}); each prompt's methods always ran side by side in one process.")
 
-    if config.warmup_tokens:
+    if config.warmup_tokens and len(done) < len(encoded):
         wid = encoded[0][1]
         for m in methods:
             runners[m](wid, min(config.warmup_tokens, config.max_new_tokens))
@@ -500,13 +514,21 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     bar = _progress(total=len(encoded) * len(methods), enabled=config.progress)
     try:
         for i, (pid, ids) in enumerate(encoded):
+            if pid in done:
+                runs += done[pid]
+                bar.update(len(methods))
+                continue
             k = i % len(methods)  # rotate the order per prompt: no method always runs first (cold) or last
+            prompt_runs = []
             for m in methods[k:] + methods[:k]:
                 bar.set_postfix_str(f"{m} {pid}", refresh=False)
                 run = runners[m](ids, config.max_new_tokens)
                 run.method, run.prompt_id = m, pid
-                runs.append(run)
+                prompt_runs.append(run)
                 bar.update(1)
+            runs += prompt_runs
+            if out is not None:
+                append_prompt(out / RUNS_FILE, pid, [dataclasses.asdict(r) for r in prompt_runs])
     finally:
         bar.close()
 
@@ -518,14 +540,37 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     if spec is not None and dataclasses.is_dataclass(spec):
         spec_dict = {k: v for k, v in dataclasses.asdict(spec).items() if k != "tree"}  # the method picks chain/tree
     report = BenchReport(
-        config=config, results=results, prompt_ids=[pid for pid, _ in encoded],
-        machine=machine_info(target.device, target.dtype, target.model),
-        spec=spec_dict,
+        config=config, results=results, prompt_ids=[pid for pid, _ in encoded], machine=machine, spec=spec_dict,
         runs=runs, notes=notes,
     )
-    if config.out_dir != "":
-        report.run_dir = str(write_run_folder(report, Path(config.out_dir) if config.out_dir else default_run_dir(config.prompts)))
+    if out is not None:
+        report.run_dir = str(write_run_folder(report, out))
     return report
+
+
+def _open_record(config: BenchConfig, out: Path | None, machine: dict, encoded, methods) -> dict[str, list[PromptRun]]:
+    """The runs an earlier invocation recorded in out/runs.jsonl (resume), or a new record; {} when nothing is done."""
+    if out is None:
+        return {}
+    path = out / RUNS_FILE
+    settings = config.resume_settings()
+    done = {}
+    if config.resume:
+        recorded = resume_record(path, settings=settings, machine=machine,
+                                 prompt_tokens={pid: len(ids) for pid, ids in encoded}, methods=methods)
+        done = {pid: [_prompt_run(r, path) for r in runs] for pid, runs in recorded.items()}
+    if not done:
+        out.mkdir(parents=True, exist_ok=True)
+        start_record(path, settings=settings, machine=machine)
+    return done
+
+
+def _prompt_run(d: dict, path: Path) -> PromptRun:
+    names = {f.name for f in dataclasses.fields(PromptRun)}
+    if set(d) != names:
+        raise SpecwireError(f"{path}: a run of prompt {d.get('prompt_id')!r} has fields {sorted(d)}, expected {sorted(names)}.",
+                            fix="pass --fresh to measure again.")
+    return PromptRun(**d)
 
 
 def _progress(*, total: int, enabled: bool):
@@ -557,7 +602,8 @@ def add_cli(sub) -> None:
         description="Run hf-generate, hf-prompt-lookup, plain, eagle3-chain and eagle3-tree on the same prompts in one "
         "run (same dtype and threads, prompt-major interleaving, warm-up first). Every output is compared with plain "
         "greedy decoding (lossless column); speed-ups are given over hf-generate and over plain. Writes results.md, "
-        "results.png and results.json into the run folder.")
+        "results.png and results.json into the run folder, and records every finished prompt in runs.jsonl there: "
+        "rerunning an interrupted command resumes it (same settings and machine only).")
     add_model_options(p, draft=True, linear=True)
     p.add_argument("--prompts", default="mt-bench", help="mt-bench, humaneval, or a JSONL file (default: %(default)s)")
     p.add_argument("--limit", type=int, default=None, help="first N prompts (default: all)")
@@ -567,7 +613,9 @@ def add_cli(sub) -> None:
     p.add_argument("--topk", type=int, default=None, help="tree branching per step (default: the engine's)")
     p.add_argument("--num-draft-tokens", type=int, default=None, help="tree budget of draft tokens (default: the engine's)")
     p.add_argument("--warmup-tokens", type=int, default=16, help="warm-up tokens per method before timing (default: %(default)s)")
-    p.add_argument("--out", default=None, help="run folder (default: runs/bench-<prompts>-<timestamp>/)")
+    p.add_argument("--out", default=None, help="run folder (default: runs/bench-<prompts>-<timestamp>/). A run "
+                   "interrupted there resumes when the same command is rerun; a larger --limit extends a finished one")
+    p.add_argument("--fresh", action="store_true", help="measure every prompt again, ignoring what --out has recorded")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_json_option(p)
     p.set_defaults(func=cmd_bench)
@@ -578,7 +626,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         target=args.target, draft=args.draft, prompts=args.prompts, limit=args.limit,
         max_new_tokens=args.max_new_tokens, methods=parse_methods(args.methods), num_steps=args.num_steps,
         topk=args.topk, num_draft_tokens=args.num_draft_tokens, device=args.device, dtype=args.dtype,
-        linear=args.linear, threads=args.threads, warmup_tokens=args.warmup_tokens, out_dir=args.out, progress=not args.no_progress,
+        linear=args.linear, threads=args.threads, warmup_tokens=args.warmup_tokens, out_dir=args.out, resume=not args.fresh,
+        progress=not args.no_progress,
         command=None,  # results.md records the equivalent command with every setting explicit
     )
 

@@ -43,7 +43,7 @@ from .capture import capture_hidden_states
 from .dump import (CONVERSATIONS, DUMP_DTYPES, DUMP_FORMAT, DUMP_FORMAT_VERSION, MANIFEST, SHARD_FORMAT, VOCAB_COUNTS,
                    ShardEntry, check_conversation, parse_manifest, shard_name)
 from .errors import SpecwireError
-from .safeio import read_json, save_tensors, write_json
+from .safeio import cut_partial_line, read_json, save_tensors, write_json
 from .targets import BUILTIN_TARGET, Target, chat_template_hash, load_target, parse_dtype, tokenizer_fingerprint
 from .wiring import Wiring, default_hs_ids, validate_hs_ids
 
@@ -310,16 +310,11 @@ def _load_done(path: Path, prompts: dict[int, PreparedPrompt]) -> dict[int, dict
     """
     if not path.exists():
         return {}
-    with open(path, "r+b") as f:
-        data = f.read()
-        cut = data.rfind(b"\n") + 1
-        if cut < len(data):
-            log.warning("%s: dropping a partial last line (%d bytes) left by an interrupted run", path, len(data) - cut)
-            f.truncate(cut)
-            f.flush()
-            os.fsync(f.fileno())
+    data, dropped = cut_partial_line(path)
+    if dropped:
+        log.warning("%s: dropping a partial last line (%d bytes) left by an interrupted run", path, dropped)
     done: dict[int, dict] = {}
-    for n, line in enumerate(data[:cut].split(b"\n")[:-1], start=1):
+    for n, line in enumerate(data.split(b"\n")[:-1], start=1):
         where = f"{path}:{n}"
         try:
             rec = check_conversation(json.loads(line), where=where)

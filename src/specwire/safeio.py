@@ -1,6 +1,7 @@
 """Safe, atomic file input and output.
 
-Owns: atomic writes (temp file or folder, then rename), JSON reading with clear errors, and
+Owns: atomic writes (temp file or folder, then rename), append-only JSONL logs (one fsynced line per
+record; a partial last line left by a crash is cut on resume), JSON reading with clear errors, and
 safetensors reading that validates the header before trusting it. Nothing here unpickles: untrusted
 files stay data. Does not know what any file means; callers validate fields.
 """
@@ -60,6 +61,29 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def append_line(path: str | os.PathLike, line: bytes) -> None:
+    """Append one newline-terminated record and fsync it: after a crash the file holds whole records
+    plus at most one partial last line, which `cut_partial_line` removes."""
+    if not line.endswith(b"\n"):
+        raise ValueError("append_line: a record must end with a newline")
+    with open(path, "ab") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def cut_partial_line(path: str | os.PathLike) -> tuple[bytes, int]:
+    """Truncate `path` after its last newline (an interrupted append); returns (whole lines, bytes cut)."""
+    with open(path, "r+b") as f:
+        data = f.read()
+        keep = data.rfind(b"\n") + 1
+        if keep < len(data):
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+    return data[:keep], len(data) - keep
 
 
 def read_json(path: str | os.PathLike, *, what: str = "JSON file") -> dict:

@@ -13,13 +13,13 @@ same --context tokens of history.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from specwire.bench import cpu_model
 from specwire.safeio import atomic_path, write_json, write_text
 from specwire.targets import load_target
 
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = f"python bench/verify_cost.py --threads {args.threads} --context {args.context} --reps {args.reps} --out {args.out}"
     meta = {"target": args.target, "threads": args.threads, "context": args.context, "reps": args.reps,
-            "torch": torch.__version__, "cpu": platform.processor() or platform.machine(), "command": command}
+            "torch": torch.__version__, "cpu": cpu_model(), "command": command}
     write_json(out / "results.json", {"tokens": list(TOKENS), "ms": results, **meta})
     base = results["torch"][0]
     rows = ["| tokens in the pass | " + " | ".join(map(str, TOKENS)) + " |", "|---|" + "---:|" * len(TOKENS)]
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         rows.append(f"| {linear}, ms | " + " | ".join(f"{v:.1f}" for v in ms) + " |")
         rows.append(f"| {linear}, x torch T=1 | " + " | ".join(f"{v / base:.2f}" for v in ms) + " |")
     md = (f"# Cost of one target pass over T tokens\n\n`{command}`\n\n{args.target}, fp32, {args.threads} threads, "
-          f"{args.context} tokens of context, median of {args.reps} passes.\n\n" + "\n".join(rows) + "\n")
+          f"{args.context} tokens of context, median of {args.reps} passes, on {cpu_model()}.\n\n" + "\n".join(rows) + "\n")
     write_text(out / "results.md", md)
     _plot(results, base, out / "results.png")
     print(md)

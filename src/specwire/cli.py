@@ -52,8 +52,8 @@ def add_model_options(p: argparse.ArgumentParser, *, target: bool = True, draft:
     if linear:
         p.add_argument("--linear", default="torch", choices=["torch", "pretransposed"],
                        help="the target's linear layers on CPU: 'torch' keeps nn.Linear; 'pretransposed' stores W.T "
-                            "contiguously, which made multi-token passes 4-13%% cheaper at 2 threads here "
-                            "(docs/BENCHMARKS.md) (default: %(default)s; every method of a bench run shares the same target)")
+                            "contiguously, which made 4- to 32-token passes 4-38%% cheaper at 2 threads on our machines, "
+                            "depending on the CPU (docs/BENCHMARKS.md) (default: %(default)s; every method of a bench run shares the same target)")
 
 
 def add_draft_mode_option(p: argparse.ArgumentParser) -> None:

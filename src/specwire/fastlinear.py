@@ -7,8 +7,9 @@ Why: `nn.Linear` computes x @ W.T with W stored [out, in]. On CPU, torch's GEMM 
 against that transposed view is slow: with SmolLM2-135M's [3072, 576] MLP weight, 6 rows cost about
 2x what x @ Wt costs when Wt is stored [in, out] contiguously, while 1 row costs the same either way
 (one matrix, 1 thread). Speculation lives on multi-token verify passes, so the swap can help drafted
-decoding. Over a whole SmolLM2-135M pass at 2 threads the gain shrinks to 4-13% for 4-16 tokens, with
-1-2 token passes no faster (`bench/verify_cost.py`, docs/BENCHMARKS.md), so it is opt-in:
+decoding. Over a whole SmolLM2-135M pass at 2 threads the gain for 4-32 tokens is 4-13% on one of our
+machines and 6-38% on another, and 2-token passes are slower on both (`bench/verify_cost.py`,
+docs/BENCHMARKS.md). It depends on the CPU, so it is opt-in:
 `load_target(..., linear="pretransposed")`, `--linear pretransposed`. A benchmark applies it to the one
 target that every method shares, so the comparison stays fair.
 

@@ -2,9 +2,9 @@
 
 Owns: `BenchConfig`, running every method on the same prompts in one process (same dtype, same
 thread count, prompt-major interleaving after a short warm-up), the lossless check of every
-method's output against plain greedy decoding, resuming an interrupted run from its record (`benchlog`), the aggregate numbers (tok/s, accept length,
-acceptance per draft position, draft/verify/other time, speed-ups over `hf-generate` and over
-`plain`), the run folder (results.md / results.png / results.json) and the `bench` subcommand.
+method's output against plain greedy decoding, resuming an interrupted run from its record
+(`benchlog`), the aggregate numbers (tok/s, accept length, acceptance per draft position,
+draft/verify/other time, speed-ups over `hf-generate` and over `plain`), the run folder (results.md / results.png / results.json) and the `bench` subcommand.
 
 Does not own: the decoding itself (`plain`, `engine`, transformers' `generate`), prompt sets
 (`prompts`), or how a report looks (`report`: Markdown table, plot).

@@ -16,15 +16,12 @@ finished run with more prompts.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .errors import SpecwireError
 from .safeio import append_line, cut_partial_line, write_text
-
-log = logging.getLogger("specwire")
 
 RUNS_FILE = "runs.jsonl"
 FORMAT = "specwire-bench-runs"
@@ -38,7 +35,6 @@ FRESH_FIX = "rerun with the recorded settings to resume it, or pass --fresh (or 
 class RunRecord:
     """What an existing runs.jsonl holds."""
 
-    path: Path
     settings: dict[str, Any]  # the bench settings that produced it (resume-free fields left out)
     machine: dict[str, Any]  # machine_info of the process that wrote the header
     prompts: dict[str, list[dict]]  # prompt id -> that prompt's runs (one dict per method), in file order
@@ -63,10 +59,7 @@ def append_prompt(path: Path, prompt_id: str, runs: Sequence[Mapping[str, Any]])
 
 def read_record(path: Path) -> RunRecord:
     """Parse runs.jsonl after cutting a partial last line; raises SpecwireError naming the line at fault."""
-    data, dropped = cut_partial_line(path)
-    if dropped:
-        log.warning("%s: dropping a partial last line (%d bytes) left by an interrupted run", path, dropped)
-    lines = data.split(b"\n")[:-1]
+    lines = cut_partial_line(path).split(b"\n")[:-1]
     fix = f"delete {path} (or pass --fresh) to measure again."
     records = []
     for n, line in enumerate(lines, start=1):
@@ -92,7 +85,7 @@ def read_record(path: Path) -> RunRecord:
         if pid in prompts:
             raise SpecwireError(f"{path}:{n}: prompt {pid!r} is recorded twice.", fix=fix)
         prompts[pid] = runs
-    return RunRecord(path, dict(header.get("settings") or {}), dict(header.get("machine") or {}), prompts)
+    return RunRecord(dict(header.get("settings") or {}), dict(header.get("machine") or {}), prompts)
 
 
 def resume_record(path: Path, *, settings: Mapping[str, Any], machine: Mapping[str, Any],

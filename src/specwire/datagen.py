@@ -310,9 +310,7 @@ def _load_done(path: Path, prompts: dict[int, PreparedPrompt]) -> dict[int, dict
     """
     if not path.exists():
         return {}
-    data, dropped = cut_partial_line(path)
-    if dropped:
-        log.warning("%s: dropping a partial last line (%d bytes) left by an interrupted run", path, dropped)
+    data = cut_partial_line(path)
     done: dict[int, dict] = {}
     for n, line in enumerate(data.split(b"\n")[:-1], start=1):
         where = f"{path}:{n}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import struct
@@ -21,6 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .errors import SpecwireError
+
+log = logging.getLogger("specwire")
 
 # A safetensors header larger than this is refused before it is parsed (real headers are kilobytes).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -74,16 +77,17 @@ def append_line(path: str | os.PathLike, line: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def cut_partial_line(path: str | os.PathLike) -> tuple[bytes, int]:
-    """Truncate `path` after its last newline (an interrupted append); returns (whole lines, bytes cut)."""
+def cut_partial_line(path: str | os.PathLike) -> bytes:
+    """Truncate `path` after its last newline (an interrupted append, logged); returns the whole lines."""
     with open(path, "r+b") as f:
         data = f.read()
         keep = data.rfind(b"\n") + 1
         if keep < len(data):
+            log.warning("%s: dropping a partial last line (%d bytes) left by an interrupted run", path, len(data) - keep)
             f.truncate(keep)
             f.flush()
             os.fsync(f.fileno())
-    return data[:keep], len(data) - keep
+    return data[:keep]
 
 
 def read_json(path: str | os.PathLike, *, what: str = "JSON file") -> dict:

@@ -369,7 +369,9 @@ def test_an_interrupted_bench_resumes_whole_prompts(tiny_llama_target, prompt_fi
     rep = run_bench(cfg, target=tiny_llama_target)
     assert len(rep.prompt_ids) == 3 and len(rep.runs) == 6
     assert all(r.lossless for r in rep.results)
-    assert any(n.startswith("resumed: 1 of 3 prompts") for n in rep.notes)
+    day = first["measured_at"][:10]
+    assert any(n.startswith(f"resumed: 1 of 3 prompts were measured by an earlier invocation on this machine on {day} ")
+               for n in rep.notes)
     recorded = {r["method"]: r for r in first["runs"]}
     for run in rep.runs[:2]:  # the finished prompt is taken from the record, not measured again
         assert run.prompt_id == first["prompt_id"] and run.seconds == recorded[run.method]["seconds"]
@@ -380,11 +382,17 @@ def test_an_interrupted_bench_resumes_whole_prompts(tiny_llama_target, prompt_fi
 
 
 def test_a_larger_limit_extends_a_finished_run_and_fresh_measures_again(tiny_llama_target, prompt_file, tmp_path):
+    from specwire.benchlog import RUNS_FILE
+
     out = tmp_path / "run"
     first = run_bench(_resumable(tiny_llama_target, prompt_file, out, limit=1), target=tiny_llama_target)
     assert not any(n.startswith("resumed") for n in first.notes)
+    path = out / RUNS_FILE  # a record written before lines were stamped still resumes, without dates
+    path.write_text("".join(json.dumps({k: v for k, v in json.loads(x).items() if k != "measured_at"}) + "\n"
+                            for x in path.read_text().splitlines()))
     more = run_bench(_resumable(tiny_llama_target, prompt_file, out, limit=2), target=tiny_llama_target)
-    assert len(more.prompt_ids) == 2 and any(n.startswith("resumed: 1 of 2 prompts") for n in more.notes)
+    assert len(more.prompt_ids) == 2 and any(n.startswith("resumed: 1 of 2 prompts were measured by an earlier "
+                                                          "invocation on this machine (") for n in more.notes)
     assert [r.seconds for r in more.runs[:2]] == [r.seconds for r in first.runs]
     again = run_bench(_resumable(tiny_llama_target, prompt_file, out, limit=2, resume=False), target=tiny_llama_target)
     assert not any(n.startswith("resumed") for n in again.notes)

@@ -500,10 +500,11 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     methods = config.run_methods
     machine = machine_info(target.device, target.dtype, target.model)
     out = None if config.out_dir == "" else Path(config.out_dir) if config.out_dir else default_run_dir(config.prompts)
-    done = _open_record(config, out, machine, encoded, methods)
+    done, when = _open_record(config, out, machine, encoded, methods)
     if done:
+        when = f" {when}" if when else ""
         notes.append(f"resumed: {len(done)} of {len(encoded)} prompts were measured by an earlier invocation on this "
-                     f"machine ({RUNS_FILE}); each prompt's methods always ran side by side in one process.")
+                     f"machine{when} ({RUNS_FILE}); each prompt's methods always ran side by side in one process.")
 
     if config.warmup_tokens and len(done) < len(encoded):
         wid = encoded[0][1]
@@ -548,21 +549,25 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     return report
 
 
-def _open_record(config: BenchConfig, out: Path | None, machine: dict, encoded, methods) -> dict[str, list[PromptRun]]:
-    """The runs an earlier invocation recorded in out/runs.jsonl (resume), or a new record; {} when nothing is done."""
+def _open_record(config: BenchConfig, out: Path | None, machine: dict, encoded,
+                 methods) -> tuple[dict[str, list[PromptRun]], str]:
+    """The runs an earlier invocation recorded in out/runs.jsonl (resume) and when, as dates ('' if unrecorded);
+    or a new record, and ({}, '') when nothing is done."""
     if out is None:
-        return {}
+        return {}, ""
     path = out / RUNS_FILE
     settings = config.resume_settings()
-    done = {}
+    done, when = {}, ""
     if config.resume:
         recorded = resume_record(path, settings=settings, machine=machine,
                                  prompt_tokens={pid: len(ids) for pid, ids in encoded}, methods=methods)
-        done = {pid: [_prompt_run(r, path) for r in runs] for pid, runs in recorded.items()}
+        if recorded is not None:
+            done = {pid: [_prompt_run(r, path) for r in runs] for pid, runs in recorded.prompts.items()}
+            when = recorded.sittings()
     if not done:
         out.mkdir(parents=True, exist_ok=True)
         start_record(path, settings=settings, machine=machine)
-    return done
+    return done, when
 
 
 def _prompt_run(d: dict, path: Path) -> PromptRun:

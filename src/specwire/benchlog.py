@@ -1,7 +1,7 @@
 """The bench's record of measured runs, so that a long `specwire bench` resumes after an interruption.
 
 Owns: `runs.jsonl` in the run folder (a header line with the settings and the machine, then one line
-per finished prompt holding every method's run on it), appending a prompt durably (flush + fsync; a
+per finished prompt holding every method's run on it and when it was measured), appending a prompt durably (flush + fsync; a
 partial last line left by a crash is cut on resume), and refusing to resume a record made with other
 settings or on another machine, naming what differs.
 
@@ -16,7 +16,8 @@ finished run with more prompts.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -38,6 +39,14 @@ class RunRecord:
     settings: dict[str, Any]  # the bench settings that produced it (resume-free fields left out)
     machine: dict[str, Any]  # machine_info of the process that wrote the header
     prompts: dict[str, list[dict]]  # prompt id -> that prompt's runs (one dict per method), in file order
+    measured_at: dict[str, str] = field(default_factory=dict)  # prompt id -> UTC ISO time (absent in older lines)
+
+    def sittings(self) -> str:
+        """When the prompts were measured, as dates: '' when unrecorded, 'on D' or 'between D1 and D2'."""
+        days = sorted({t[:10] for t in self.measured_at.values()})
+        if not days:
+            return ""
+        return f"on {days[0]}" if len(days) == 1 else f"between {days[0]} and {days[-1]}"
 
 
 def _differences(recorded: Mapping[str, Any], now: Mapping[str, Any], keys: Sequence[str] | None = None) -> list[str]:
@@ -52,8 +61,10 @@ def start_record(path: Path, *, settings: Mapping[str, Any], machine: Mapping[st
 
 
 def append_prompt(path: Path, prompt_id: str, runs: Sequence[Mapping[str, Any]]) -> None:
-    """Record every method's run on one prompt as one durable line."""
-    line = json.dumps({"prompt_id": prompt_id, "runs": [dict(r) for r in runs]}, separators=(",", ":")) + "\n"
+    """Record every method's run on one prompt as one durable line, stamped with the time (UTC)."""
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    line = json.dumps({"prompt_id": prompt_id, "measured_at": now, "runs": [dict(r) for r in runs]},
+                      separators=(",", ":")) + "\n"
     append_line(path, line.encode())
 
 
@@ -77,6 +88,7 @@ def read_record(path: Path) -> RunRecord:
     if header.get("version") != VERSION:
         raise SpecwireError(f"{path}:1: record version {header.get('version')!r}; this specwire reads version {VERSION}.", fix=fix)
     prompts: dict[str, list[dict]] = {}
+    measured_at: dict[str, str] = {}
     for n, rec in enumerate(records[1:], start=2):
         pid, runs = rec.get("prompt_id"), rec.get("runs")
         if not isinstance(pid, str) or not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
@@ -85,19 +97,21 @@ def read_record(path: Path) -> RunRecord:
         if pid in prompts:
             raise SpecwireError(f"{path}:{n}: prompt {pid!r} is recorded twice.", fix=fix)
         prompts[pid] = runs
-    return RunRecord(dict(header.get("settings") or {}), dict(header.get("machine") or {}), prompts)
+        if isinstance(rec.get("measured_at"), str):
+            measured_at[pid] = rec["measured_at"]
+    return RunRecord(dict(header.get("settings") or {}), dict(header.get("machine") or {}), prompts, measured_at)
 
 
 def resume_record(path: Path, *, settings: Mapping[str, Any], machine: Mapping[str, Any],
-                  prompt_tokens: Mapping[str, int], methods: Sequence[str]) -> dict[str, list[dict]]:
-    """The runs already measured for this bench, by prompt id; {} when there is no record.
+                  prompt_tokens: Mapping[str, int], methods: Sequence[str]) -> RunRecord | None:
+    """The record of the runs already measured for this bench, restricted to its prompts; None when there is none.
 
     Refuses (SpecwireError) a record made with other settings or on another machine, or one whose
     prompts no longer match the prompt source (`prompt_tokens`: id -> templated length now). Recorded
     prompts outside `prompt_tokens` (a smaller --limit) are left out of the answer, not dropped from the file.
     """
     if not path.exists():
-        return {}
+        return None
     rec = read_record(path)
     diffs = _differences(rec.settings, settings)
     if diffs:
@@ -115,4 +129,5 @@ def resume_record(path: Path, *, settings: Mapping[str, Any], machine: Mapping[s
         if bad:
             raise SpecwireError(f"{path}: prompt {pid!r} was recorded at {bad[0]!r} tokens; it is {prompt_tokens[pid]} "
                                 "tokens now (the prompt source or chat template changed).", fix=FRESH_FIX)
-    return done
+    when = {pid: t for pid, t in rec.measured_at.items() if pid in done}
+    return RunRecord(rec.settings, rec.machine, done, when)

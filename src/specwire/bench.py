@@ -4,7 +4,8 @@ Owns: `BenchConfig`, running every method on the same prompts in one process (sa
 thread count, prompt-major interleaving after a short warm-up), the lossless check of every
 method's output against plain greedy decoding, resuming an interrupted run from its record
 (`benchlog`), the aggregate numbers (tok/s, accept length, acceptance per draft position,
-draft/verify/other time, speed-ups over `hf-generate` and over `plain`), the run folder (results.md / results.png / results.json) and the `bench` subcommand.
+draft/verify/other time, speed-ups over `hf-generate` and over `plain`), the run folder
+(results.md / results.png / results.json) and the `bench` subcommand.
 
 Does not own: the decoding itself (`plain`, `engine`, transformers' `generate`), prompt sets
 (`prompts`), or how a report looks (`report`: Markdown table, plot).
@@ -502,9 +503,9 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     out = None if config.out_dir == "" else Path(config.out_dir) if config.out_dir else default_run_dir(config.prompts)
     done, when = _open_record(config, out, machine, encoded, methods)
     if done:
-        when = f" {when}" if when else ""
+        dated = f" {when}" if when else ""  # ' on 2026-12-01', or nothing for lines recorded without a time
         notes.append(f"resumed: {len(done)} of {len(encoded)} prompts were measured by an earlier invocation on this "
-                     f"machine{when} ({RUNS_FILE}); each prompt's methods always ran side by side in one process.")
+                     f"machine{dated} ({RUNS_FILE}); each prompt's methods always ran side by side in one process.")
 
     if config.warmup_tokens and len(done) < len(encoded):
         wid = encoded[0][1]

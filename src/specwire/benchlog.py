@@ -1,9 +1,9 @@
 """The bench's record of measured runs, so that a long `specwire bench` resumes after an interruption.
 
 Owns: `runs.jsonl` in the run folder (a header line with the settings and the machine, then one line
-per finished prompt holding every method's run on it and when it was measured), appending a prompt durably (flush + fsync; a
-partial last line left by a crash is cut on resume), and refusing to resume a record made with other
-settings or on another machine, naming what differs.
+per finished prompt holding every method's run on it and when it was measured), appending a prompt
+durably (flush + fsync; a partial last line left by a crash is cut on resume), and refusing to resume a
+record made with other settings or on another machine, naming what differs.
 
 Does not own: running the methods or summarising them (`bench`).
 

@@ -370,7 +370,7 @@ def test_an_interrupted_bench_resumes_whole_prompts(tiny_llama_target, prompt_fi
     assert len(rep.prompt_ids) == 3 and len(rep.runs) == 6
     assert all(r.lossless for r in rep.results)
     day = first["measured_at"][:10]
-    assert any(n.startswith(f"resumed: 1 of 3 prompts were measured by an earlier invocation on this machine on {day} ")
+    assert any(n.startswith(f"resumed: 1 of 3 prompts were measured by an earlier invocation on {day}, on a machine ")
                for n in rep.notes)
     recorded = {r["method"]: r for r in first["runs"]}
     for run in rep.runs[:2]:  # the finished prompt is taken from the record, not measured again
@@ -392,7 +392,7 @@ def test_a_larger_limit_extends_a_finished_run_and_fresh_measures_again(tiny_lla
                             for x in path.read_text().splitlines()))
     more = run_bench(_resumable(tiny_llama_target, prompt_file, out, limit=2), target=tiny_llama_target)
     assert len(more.prompt_ids) == 2 and any(n.startswith("resumed: 1 of 2 prompts were measured by an earlier "
-                                                          "invocation on this machine (") for n in more.notes)
+                                                          "invocation, on a machine with") for n in more.notes)
     assert [r.seconds for r in more.runs[:2]] == [r.seconds for r in first.runs]
     again = run_bench(_resumable(tiny_llama_target, prompt_file, out, limit=2, resume=False), target=tiny_llama_target)
     assert not any(n.startswith("resumed") for n in again.notes)

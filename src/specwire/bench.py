@@ -504,8 +504,9 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     done, when = _open_record(config, out, machine, encoded, methods)
     if done:
         dated = f" {when}" if when else ""  # ' on 2026-12-01', or nothing for lines recorded without a time
-        notes.append(f"resumed: {len(done)} of {len(encoded)} prompts were measured by an earlier invocation on this "
-                     f"machine{dated} ({RUNS_FILE}); each prompt's methods always ran side by side in one process.")
+        notes.append(f"resumed: {len(done)} of {len(encoded)} prompts were measured by an earlier invocation{dated}, "
+                     f"on a machine with the same CPU, core count and software ({RUNS_FILE}); each prompt's methods "
+                     "always ran side by side in one process.")
 
     if config.warmup_tokens and len(done) < len(encoded):
         wid = encoded[0][1]

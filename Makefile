@@ -34,7 +34,7 @@ test-fast: install
 
 # Rebuild the shipped draft from scratch (hours on a 2-core CPU; resumable: rerun after an interruption).
 draft: install
-	bash scripts/build_draft.sh
+	bash tools/draft/build.sh
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -2,7 +2,7 @@
 
 Owns: `make_tiny_target_dir` (a plain function other tests import: `from conftest import
 make_tiny_target_dir`), the `tiny_target` factory fixture (arch, seed) -> saved HF folder, and the
-session-scoped `tiny_llama_target` (a loaded `specwire.targets.Target`). Every model is built from
+session-scoped `tiny_llama_target` (a loaded `specwire.target.load.Target`). Every model is built from
 a small local transformers config (no hub), float32, with a byte-level tokenizer and a ChatML-like
 chat template, so `load_target(folder)` works end to end. Does not test anything itself.
 """
@@ -142,6 +142,6 @@ def tiny_target(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_llama_target(tiny_target):
     """A loaded tiny Llama `Target` on CPU (shared: do not modify it)."""
-    from specwire.targets import load_target
+    from specwire.target.load import load_target
 
     return load_target(tiny_target("llama"), device="cpu", dtype="float32")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specwire.bench import (
+from specwire.bench.run import (
     DRAFT_METHODS,
     METHODS,
     BenchConfig,
@@ -25,7 +25,7 @@ from specwire.bench import (
     weighted_positions,
 )
 from specwire.errors import SpecwireError
-from specwire.report import render_markdown, render_summary, save_plot
+from specwire.bench.report import render_markdown, render_summary, save_plot
 
 STABLE_RESULT_KEYS = {"method", "tokens_per_s", "accept_length", "lossless"}
 HF_AND_PLAIN = ("hf-generate", "hf-prompt-lookup", "plain")
@@ -190,8 +190,8 @@ def test_oracle_is_added_when_plain_is_left_out(tiny_llama_target, prompt_file):
 
 def _random_tiny_draft(target, out: Path, *, seed: int = 0, draft_vocab_size: int = 200) -> Path:
     """A randomly initialised draft for `target`, saved as a native checkpoint (first ids = draft vocab)."""
-    from specwire.draft import DraftConfig, Eagle3Draft, save_draft
-    from specwire.targets import chat_template_hash, tokenizer_fingerprint
+    from specwire.draft.model import DraftConfig, Eagle3Draft, save_draft
+    from specwire.target.load import chat_template_hash, tokenizer_fingerprint
     from specwire.wiring import Wiring, default_hs_ids
 
     wiring = Wiring(hs_ids=default_hs_ids(target.num_layers), target=target.spec,
@@ -203,7 +203,7 @@ def _random_tiny_draft(target, out: Path, *, seed: int = 0, draft_vocab_size: in
 
 
 def test_run_bench_all_methods_with_random_tiny_draft(tiny_llama_target, prompt_file, tmp_path):
-    pytest.importorskip("specwire.engine", reason="the speculative engine (specwire.engine) is not installed yet")
+    pytest.importorskip("specwire.decode.engine", reason="the speculative engine (specwire.decode.engine) is not installed yet")
     draft_dir = _random_tiny_draft(tiny_llama_target, tmp_path / "draft")
     cfg = BenchConfig(target=str(tiny_llama_target.info.path), draft=str(draft_dir), prompts=str(prompt_file),
                       max_new_tokens=16, num_steps=3, topk=2, num_draft_tokens=6, warmup_tokens=2,
@@ -251,11 +251,11 @@ def test_cli_bench_bad_method_is_a_one_line_error(capsys):
 
 @pytest.mark.slow
 def test_bench_builtin_target_mt_bench(tmp_path):
-    from specwire.draft import shipped_draft_dir
+    from specwire.draft.model import shipped_draft_dir
 
     methods = ["hf-generate", "plain"]
     try:
-        import specwire.engine  # noqa: F401
+        import specwire.decode.engine  # noqa: F401
 
         if (shipped_draft_dir() / "config.json").is_file():
             methods += ["eagle3-chain", "eagle3-tree"]
@@ -303,7 +303,7 @@ def test_demo_without_a_fitting_shipped_draft_decodes_plainly(tiny_llama_target,
 
 
 def test_demo_with_a_draft_streams_speculatively_and_benchmarks_it(tiny_llama_target, tmp_path):
-    pytest.importorskip("specwire.engine", reason="the speculative engine (specwire.engine) is not installed yet")
+    pytest.importorskip("specwire.decode.engine", reason="the speculative engine (specwire.decode.engine) is not installed yet")
     draft_dir = _random_tiny_draft(tiny_llama_target, tmp_path / "draft")
     out = _demo(["--target", str(tiny_llama_target.info.path), "--draft", str(draft_dir), "--out", str(tmp_path / "demo")])
     assert "tree speculation" in out and "accept length" in out
@@ -333,7 +333,7 @@ def _resumable(tiny_llama_target, prompt_file, out: Path, **kw) -> BenchConfig:
 
 def _crash_plain_on_call(monkeypatch, n: int) -> None:
     """Make `plain` raise KeyboardInterrupt on its n-th call (as a Ctrl-C in the middle of a run would)."""
-    import specwire.bench as bench
+    import specwire.bench.run as bench
 
     real = bench._plain_runner
 
@@ -352,7 +352,7 @@ def _crash_plain_on_call(monkeypatch, n: int) -> None:
 
 
 def test_an_interrupted_bench_resumes_whole_prompts(tiny_llama_target, prompt_file, tmp_path, monkeypatch):
-    from specwire.benchlog import RUNS_FILE
+    from specwire.bench.record import RUNS_FILE
 
     out = tmp_path / "run"
     cfg = _resumable(tiny_llama_target, prompt_file, out)
@@ -382,7 +382,7 @@ def test_an_interrupted_bench_resumes_whole_prompts(tiny_llama_target, prompt_fi
 
 
 def test_a_larger_limit_extends_a_finished_run_and_fresh_measures_again(tiny_llama_target, prompt_file, tmp_path):
-    from specwire.benchlog import RUNS_FILE
+    from specwire.bench.record import RUNS_FILE
 
     out = tmp_path / "run"
     first = run_bench(_resumable(tiny_llama_target, prompt_file, out, limit=1), target=tiny_llama_target)
@@ -400,7 +400,7 @@ def test_a_larger_limit_extends_a_finished_run_and_fresh_measures_again(tiny_lla
 
 
 def test_resume_refuses_other_settings_another_machine_and_a_corrupt_record(tiny_llama_target, prompt_file, tmp_path):
-    from specwire.benchlog import RUNS_FILE
+    from specwire.bench.record import RUNS_FILE
 
     out = tmp_path / "run"
     run_bench(_resumable(tiny_llama_target, prompt_file, out, limit=1), target=tiny_llama_target)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import ARCHS, PAD_ID, make_tiny_model
-from specwire.capture import capture_hidden_states, capture_hooks, position_ids_from_mask
+from specwire.target.capture import capture_hidden_states, capture_hooks, position_ids_from_mask
 from specwire.errors import SpecwireError
-from specwire.targets import model_parts
+from specwire.target.load import model_parts
 
 ATOL = 1e-5
 

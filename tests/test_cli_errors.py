@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from specwire.capture import capture_hidden_states
+from specwire.target.capture import capture_hidden_states
 from specwire.errors import SpecwireError
 from specwire.safeio import safetensors_header
-from specwire.targets import load_target
+from specwire.target.load import load_target
 from specwire.wiring import validate_hs_ids
 
 
-def run_cli(*args: str, module: str = "specwire.cli", timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli(*args: str, module: str = "specwire", timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env,
                           timeout=timeout)

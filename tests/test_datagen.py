@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from specwire.capture import capture_hidden_states
-from specwire.datagen import (CRASH_ENV, DatagenConfig, capture_batch, plan_batches, plan_capture_batches, plan_shards,
+from specwire.target.capture import capture_hidden_states
+from specwire.data.datagen import (CRASH_ENV, DatagenConfig, capture_batch, plan_batches, plan_capture_batches, plan_shards,
                               run_datagen, trim_generated)
-from specwire.dump import MANIFEST, VAL_EVERY, is_validation, open_dump, read_conversations
+from specwire.data.dump import MANIFEST, VAL_EVERY, is_validation, open_dump, read_conversations
 from specwire.errors import SpecwireError, WiringMismatch
-from specwire.plain import plain_generate
+from specwire.decode.plain import plain_generate
 from specwire.safeio import load_tensors, read_json, save_tensors, write_json
-from specwire.targets import load_target
+from specwire.target.load import load_target
 from specwire.wiring import Wiring
 
 PROMPTS = [
@@ -295,7 +295,7 @@ def _cli(args, crash=None):
     env.pop(CRASH_ENV, None)
     if crash:
         env[CRASH_ENV] = crash
-    return subprocess.run([sys.executable, "-m", "specwire.cli", "datagen", *args, "--no-progress"], env=env,
+    return subprocess.run([sys.executable, "-m", "specwire", "datagen", *args, "--no-progress"], env=env,
                           capture_output=True, text=True, timeout=300)
 
 

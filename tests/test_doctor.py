@@ -28,8 +28,8 @@ import torch
 
 from conftest import make_tiny_target_dir
 
-from specwire import doctor
-from specwire.doctor import (Finding, WiringScorer, all_candidates, capture_all_layers, classify_wiring, diagnose,
+from specwire.doctor import diagnose as doctor
+from specwire.doctor.diagnose import (Finding, WiringScorer, all_candidates, capture_all_layers, classify_wiring, diagnose,
                              ids_fix, search_wirings)
 from specwire.errors import SpecwireError
 
@@ -70,10 +70,10 @@ def _train_step0(draft, cal, hs, *, steps: int, lr: float, seed: int = 0) -> flo
 
 def build_scenario(root: Path, *, steps: int = 200) -> SimpleNamespace:
     """Tiny target + self-distilled data dump + a draft trained on it at hs TRAINED (see module docstring)."""
-    from specwire.draft import DraftConfig, Eagle3Draft, save_draft
-    from specwire.formats import export_draft
-    from specwire.targets import chat_template_hash, load_target, tokenizer_fingerprint
-    from specwire.vocab import build_vocab_map
+    from specwire.draft.model import DraftConfig, Eagle3Draft, save_draft
+    from specwire.interop.formats import export_draft
+    from specwire.target.load import chat_template_hash, load_target, tokenizer_fingerprint
+    from specwire.draft.vocab import build_vocab_map
     from specwire.wiring import Wiring
 
     tdir = make_tiny_target_dir(root, "llama", seed=0, initializer_range=0.25)
@@ -351,7 +351,7 @@ def test_draft_paired_with_the_wrong_target(trained):
 # ---- targets too large to run here: the states dump -------------------------------------------------------------
 
 def test_states_dump_round_trip_and_search_from_it(trained, tmp_path):
-    from specwire.doctor import dump_states, load_states, open_target
+    from specwire.doctor.diagnose import dump_states, load_states, open_target
 
     # the dump of the training conversations' prompts, continued by the target (= the training data)
     prompts = [r[:8] for r in doctor.data_prompts(trained.data, limit=32)]
@@ -400,11 +400,11 @@ def test_cli_json_and_exit_codes(trained, capsys):
 
 @pytest.mark.slow
 def test_builtin_target_full_search_with_the_shipped_draft():
-    from specwire.draft import shipped_draft_dir
+    from specwire.draft.model import shipped_draft_dir
 
     if not (shipped_draft_dir() / "config.json").is_file():
         pytest.skip(f"the shipped draft is not installed at {shipped_draft_dir()} (being trained by the lead)")
-    from specwire.targets import load_target
+    from specwire.target.load import load_target
 
     torch.manual_seed(0)
     target = load_target("smollm2-135m", device="cpu")

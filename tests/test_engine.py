@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import make_tiny_target_dir
-from specwire.draft import DraftConfig, Eagle3Draft, save_draft
-from specwire.engine import (
+from specwire.draft.model import DraftConfig, Eagle3Draft, save_draft
+from specwire.decode.engine import (
     SpecConfig,
     keep_accepted,
     load_engine_draft,
@@ -21,10 +21,10 @@ from specwire.engine import (
     target_tree_mask,
 )
 from specwire.errors import SpecwireError, WiringMismatch
-from specwire.plain import plain_generate
-from specwire.sampling import SamplingParams, make_generator
-from specwire.targets import load_target
-from specwire.tree import DraftTree, chain_tree
+from specwire.decode.plain import plain_generate
+from specwire.decode.sampling import SamplingParams, make_generator
+from specwire.target.load import load_target
+from specwire.decode.tree import DraftTree, chain_tree
 from specwire.wiring import Wiring
 
 
@@ -369,7 +369,7 @@ def test_sampled_first_two_tokens_follow_the_target(target, draft, case):
     """Chi-square of the joint law of the first two tokens (the second comes from a verification pass)."""
     from scipy.stats import chisquare
 
-    from specwire.sampling import logits_to_probs
+    from specwire.decode.sampling import logits_to_probs
 
     params = SamplingParams(temperature=1.5, top_k=3)
     prompt = prompt_of(5, seed=13)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specwire.errors import SpecwireError, WiringMismatch
-from specwire.evaluate import EvalResult, evaluate, predicted_accept_length
-from specwire.train import TrainConfig, train
+from specwire.training.evaluate import EvalResult, evaluate, predicted_accept_length
+from specwire.training.trainer import TrainConfig, train
 from test_train import one_thread, pattern_samples, write_dump
 
 
@@ -80,7 +80,7 @@ def test_eval_refuses_mismatched_data(trained, tiny_target, tiny_llama_target, c
     rc = main(["eval", "--draft", str(trained["draft"]), "--data", str(other_ids), "--split", "all"])
     assert rc == 2 and "hidden-state ids" in capsys.readouterr().err
 
-    from specwire.targets import load_target
+    from specwire.target.load import load_target
 
     other = load_target(tiny_target("llama", seed=1), device="cpu")
     other_target = one_thread(lambda: write_dump(root / "other-target", other, pattern_samples(4, seed=4),

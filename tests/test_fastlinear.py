@@ -7,11 +7,11 @@ import torch
 import torch.nn as nn
 
 from conftest import make_tiny_model, make_tiny_target_dir
-from specwire.engine import load_engine_draft, speculative_generate
+from specwire.decode.engine import load_engine_draft, speculative_generate
 from specwire.errors import SpecwireError
-from specwire.fastlinear import PretransposedLinear, is_pretransposed, pretranspose_linears
-from specwire.plain import plain_generate
-from specwire.targets import load_target
+from specwire.target.fastlinear import PretransposedLinear, is_pretransposed, pretranspose_linears
+from specwire.decode.plain import plain_generate
+from specwire.target.load import load_target
 from test_engine import OracleProposer, make_draft_dir, prompt_of
 
 
@@ -85,7 +85,7 @@ def test_hf_generate_and_prompt_lookup_run_on_a_swapped_target(swapped, tmp_path
     """The bench shares one swapped target among all methods: HF's own loops must run on it, losslessly."""
     import json
 
-    from specwire.bench import BenchConfig, run_bench
+    from specwire.bench.run import BenchConfig, run_bench
 
     _, target, _ = swapped
     prompts = tmp_path / "p.jsonl"
@@ -98,12 +98,12 @@ def test_hf_generate_and_prompt_lookup_run_on_a_swapped_target(swapped, tmp_path
 
 
 def test_verify_cost_script_writes_its_tables(swapped, tmp_path):
-    """bench/verify_cost.py (the curve in docs/BENCHMARKS.md) runs end to end on a tiny target."""
+    """tools/verify_cost.py (the curve in docs/BENCHMARKS.md) runs end to end on a tiny target."""
     import importlib.util
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "verify_cost.py"
+    path = Path(__file__).resolve().parents[1] / "tools" / "verify_cost.py"
     spec = importlib.util.spec_from_file_location("verify_cost", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

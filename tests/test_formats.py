@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specwire.draft import DraftConfig, Eagle3Draft, load_draft, save_draft
+from specwire.draft.model import DraftConfig, Eagle3Draft, load_draft, save_draft
 from specwire.errors import SpecwireError, WiringMismatch
-from specwire.formats import (
+from specwire.interop.formats import (
     FORMAT_NATIVE,
     FORMAT_SGLANG,
     FORMAT_SPECULATORS,
@@ -31,7 +31,7 @@ from specwire.formats import (
     sglang_readings,
     sglang_to_native_key,
 )
-from specwire.targets import chat_template_hash, tokenizer_fingerprint
+from specwire.target.load import chat_template_hash, tokenizer_fingerprint
 from specwire.wiring import SGLANG_VERSIONS, Wiring, default_hs_ids, sglang_to_hs
 
 DRAFT_VOCAB = 128

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import make_tiny_target_dir
-from specwire.engine import SpecConfig, load_engine_draft, speculative_generate
+from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
 
 K = 4  # TTT steps = chain depth
 NEW_TOKENS = 40
@@ -59,7 +59,7 @@ def write_prompts(path, n: int, *, seed: int = 0):
 def offline_hits(draft, target, sample, steps: int) -> torch.Tensor:
     """hits[t, j]: TTT step j at position t (teacher forced, constant positions, as `train.ttt_unroll`)
     predicts the target's argmax at t+1+j. False where t+1+j is past the sample. shape: [T, steps] bool"""
-    from specwire.train import TTTAttend
+    from specwire.training.trainer import TTTAttend
 
     ids = sample["input_ids"][None]  # shape: [1, T]
     T = ids.shape[1]
@@ -106,11 +106,11 @@ def rates(accept, reach) -> list[float]:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from specwire.datagen import DatagenConfig, run_datagen
-    from specwire.dump import open_dump
-    from specwire.evaluate import evaluate
-    from specwire.targets import load_target
-    from specwire.train import TrainConfig, train
+    from specwire.data.datagen import DatagenConfig, run_datagen
+    from specwire.data.dump import open_dump
+    from specwire.training.evaluate import evaluate
+    from specwire.target.load import load_target
+    from specwire.training.trainer import TrainConfig, train
 
     root = tmp_path_factory.mktemp("online-offline")
     threads = torch.get_num_threads()

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from specwire.errors import SpecwireError
-from specwire.plain import check_request, plain_generate
-from specwire.sampling import SamplingParams, logits_to_probs, make_generator, next_token, sample_from
-from specwire.targets import load_target
+from specwire.decode.plain import check_request, plain_generate
+from specwire.decode.sampling import SamplingParams, logits_to_probs, make_generator, next_token, sample_from
+from specwire.target.load import load_target
 
 PROMPTS = ["hello there", "Write a poem about the sea.", "1 + 1 ="]
 

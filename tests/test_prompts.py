@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from specwire.errors import SpecwireError
-from specwire.prompts import (
+from specwire.data.prompts import (
     HUMANEVAL_INSTRUCTION,
     SYNTHETIC_PER_KIND,
     PromptRecord,

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from specwire.cli import main
-from specwire.draft import DraftConfig, Eagle3Draft, save_draft
-from specwire.engine import SpecConfig, load_engine_draft
-from specwire.plain import plain_generate
-from specwire.serve import RequestError, ServerMetrics, TextTracker, create_app, parse_request, render_prometheus
+from specwire.draft.model import DraftConfig, Eagle3Draft, save_draft
+from specwire.decode.engine import SpecConfig, load_engine_draft
+from specwire.decode.plain import plain_generate
+from specwire.server import RequestError, ServerMetrics, TextTracker, create_app, parse_request, render_prometheus
 from specwire.wiring import Wiring
 
 MODEL = "tiny"
@@ -364,8 +364,8 @@ def test_builtin_target_chat_is_lossless_and_streams_the_same_text(tmp_path):
     """SmolLM2-135M with its real BPE tokenizer and chat template: the shipped draft when installed, else a random one."""
     from fastapi.testclient import TestClient
 
-    from specwire.draft import SHIPPED_DRAFT, shipped_draft_dir
-    from specwire.targets import load_target
+    from specwire.draft.model import SHIPPED_DRAFT, shipped_draft_dir
+    from specwire.target.load import load_target
 
     target = load_target("smollm2-135m", device="cpu", dtype="float32")
     path = SHIPPED_DRAFT if (shipped_draft_dir() / "config.json").is_file() else make_draft_dir(target, tmp_path / "d")

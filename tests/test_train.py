@@ -14,11 +14,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specwire.draft import DraftConfig, Eagle3Draft, load_draft, masked_attend
-from specwire.dump import DUMP_FORMAT, DUMP_FORMAT_VERSION, MANIFEST, SHARD_FORMAT, VOCAB_COUNTS, shard_name
+from specwire.draft.model import DraftConfig, Eagle3Draft, load_draft, masked_attend
+from specwire.data.dump import DUMP_FORMAT, DUMP_FORMAT_VERSION, MANIFEST, SHARD_FORMAT, VOCAB_COUNTS, shard_name
 from specwire.errors import SpecwireError, WiringMismatch
 from specwire.safeio import load_tensors, save_tensors, write_json
-from specwire.train import (TargetHeads, TrainConfig, TTTAttend, entropy, epoch_batches, expected_wiring, kl_to_target,
+from specwire.training.trainer import (TargetHeads, TrainConfig, TTTAttend, entropy, epoch_batches, expected_wiring, kl_to_target,
                             lr_at, make_batch, micro_batches, restricted_target, soft_cross_entropy, step_counts,
                             step_weights, top1_matches, train, ttt_attention, ttt_mask, ttt_unroll, _draft_hidden_step)
 from specwire.wiring import default_hs_ids
@@ -55,7 +55,7 @@ def pattern_samples(n: int, *, seed: int = 0, min_len: int = 24, max_len: int = 
 def write_dump(out: Path, target, samples, *, target_name, hs_ids=None, dtype: str = "float32",
                shard_samples: int = 16) -> Path:
     """A dump in the shared format (dump.py), states captured with datagen's `capture_batch`."""
-    from specwire.datagen import capture_batch
+    from specwire.data.datagen import capture_batch
 
     out = Path(out)
     out.mkdir(parents=True)
@@ -103,7 +103,7 @@ def dumps(tmp_path_factory, tiny_target, tiny_llama_target):
 
 
 def tiny_draft(target, *, seed=0, vocab=None) -> Eagle3Draft:
-    from specwire.vocab import build_vocab_map
+    from specwire.draft.vocab import build_vocab_map
 
     V = target.spec.vocab_size
     vd = vocab or V
@@ -284,8 +284,8 @@ def naive_unroll(draft, target, samples, steps):
 
 
 def test_unroll_matches_the_naive_alignment(tiny_llama_target, dumps):
-    from specwire.dump import open_dump
-    from specwire.train import collate
+    from specwire.data.dump import open_dump
+    from specwire.training.trainer import collate
 
     samples = list(open_dump(dumps["heldout"]).iter_samples(None))[:5]
     for vocab in (None, 200):  # full vocab, and a draft vocab smaller than the target's
@@ -302,8 +302,8 @@ def test_unroll_matches_the_naive_alignment(tiny_llama_target, dumps):
 
 
 def test_loss_is_the_step_weighted_mean_kl(tiny_llama_target, dumps):
-    from specwire.dump import open_dump
-    from specwire.train import collate
+    from specwire.data.dump import open_dump
+    from specwire.training.trainer import collate
 
     samples = list(open_dump(dumps["heldout"]).iter_samples(None))[:4]
     d = tiny_draft(tiny_llama_target)
@@ -329,7 +329,7 @@ def base_config(data, out, **kw) -> TrainConfig:
 
 def majority_baseline(target, dump) -> float:
     """Share of the most frequent target argmax at scored positions (what a constant guess gets)."""
-    from specwire.dump import open_dump
+    from specwire.data.dump import open_dump
 
     am = []
     for s in open_dump(dump).iter_samples(None):
@@ -344,7 +344,7 @@ def majority_baseline(target, dump) -> float:
 def test_training_learns_the_pattern_task(dumps, tiny_llama_target, tmp_path):
     """320 samples x 4 epochs (160 steps of 8). Threshold: held-out step-0 accuracy above 0.3 and above 3x the
     majority baseline (a constant guess: 0.11 here; 1/260 is pure chance). Measured: 0.44 (train: 0.49)."""
-    from specwire.evaluate import evaluate
+    from specwire.training.evaluate import evaluate
 
     result = train(base_config(dumps["train"], tmp_path / "run", epochs=4, log_every=20, eval_data=str(dumps["heldout"])))
     assert result.finished and result.steps == 160
@@ -399,8 +399,8 @@ def test_mismatched_dump_is_refused_naming_the_difference(dumps, tiny_target, tm
 
 
 def test_several_dumps_merge_and_a_misfit_is_refused(dumps, tiny_target, tiny_llama_target, tmp_path):
-    from specwire.dump import open_dump
-    from specwire.train import load_run_data
+    from specwire.data.dump import open_dump
+    from specwire.training.trainer import load_run_data
 
     a, b = open_dump(dumps["train"]), open_dump(dumps["small"])
     data = load_run_data(base_config([dumps["train"], dumps["small"]], tmp_path / "m"), tiny_llama_target)
@@ -440,7 +440,7 @@ def test_torchrun_two_processes_match_one(dumps, tmp_path):
     kw = dict(max_steps=3, batch_size=4, eval_max_samples=2)
     one = train(base_config(dumps["small"], tmp_path / "one", **kw))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "specwire.cli",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "specwire",
            "train", "--data", str(dumps["small"]), "--out", str(tmp_path / "two"), "--ttt-steps", "3", "--batch-size", "4",
            "--lr", "3e-3", "--max-steps", "3", "--log-every", "1", "--eval-max-samples", "2", "--no-progress",
            "--threads", "1", "--device", "cpu"]
@@ -461,7 +461,7 @@ def test_torchrun_two_processes_match_one(dumps, tmp_path):
 
 def test_online_mode_matches_training_on_the_dump(tiny_target, tiny_llama_target, tmp_path):
     """A real datagen run (phase 1 + float32 shards); online training captures the same states per batch."""
-    from specwire.datagen import DatagenConfig, run_datagen
+    from specwire.data.datagen import DatagenConfig, run_datagen
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"question {i}: {'ab' * i}"}) + "\n" for i in range(12)))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specwire.tree import DraftTree, chain_tree, root_only, select_tree
+from specwire.decode.tree import DraftTree, chain_tree, root_only, select_tree
 
 
 def test_chain_tree_is_causal():

@@ -4,9 +4,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specwire.sampling import SamplingParams, logits_to_probs
-from specwire.tree import DraftTree, chain_tree, root_only
-from specwire.verify import verify_chain_sampled, verify_greedy, verify_tree_sampled
+from specwire.decode.sampling import SamplingParams, logits_to_probs
+from specwire.decode.tree import DraftTree, chain_tree, root_only
+from specwire.decode.verify import verify_chain_sampled, verify_greedy, verify_tree_sampled
 
 V = 6  # tiny vocabulary: joint of two tokens has 36 cells
 DRAWS = 20_000

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specwire.draft import check_vocab_map
+from specwire.draft.model import check_vocab_map
 from specwire.errors import SpecwireError
-from specwire.vocab import build_vocab_map, coverage, coverage_table, format_coverage_table, frequency_order
+from specwire.draft.vocab import build_vocab_map, coverage, coverage_table, format_coverage_table, frequency_order
 
 
 def test_top_ids_sorted_by_target_id_with_offsets():

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import torch
 from safetensors.torch import load_file, save_file
 
-from .errors import SpecwireError
+from specwire.errors import SpecwireError
 
 log = logging.getLogger("specwire")
 

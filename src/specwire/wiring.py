@@ -23,7 +23,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .errors import SpecwireError, WiringMismatch
+from specwire.errors import SpecwireError, WiringMismatch
 
 WIRING_FORMAT_VERSION = 1
 

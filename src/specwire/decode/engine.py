@@ -1,0 +1,472 @@
+"""The speculative decoding engine: EAGLE-3 drafts proposing, the target verifying, losslessly.
+
+Owns: `SpecConfig` (depth, branching, tree budget), loading a draft *against* a target
+(`load_engine_draft`: the wiring contract is checked here, at serving time), the draft's own KV cache
+(`DraftKVCache`), draft proposal as a chain or an EAGLE-2 dynamic tree (`EagleProposer`), the
+generate loop with the target's KV cache kept to exactly the accepted path, and per-request metrics.
+Does not own the acceptance maths (`verify`), tree structure (`tree`), the distributions
+(`sampling`) or the plain oracle (`plain`); does not tokenize.
+
+One round, for the last accepted target position b (EAGLE-3, Li et al. 2025):
+  1. draft: for each accepted-but-unfed position t, the draft gets the target's fused states g_t
+     (captured by hooks during the target pass that produced them) and embed(x_{t+1}); its output at
+     b predicts x_{b+2}. The root x_{b+1} is the target's last produced token. The draft then
+     expands a chain (one token per step) or an EAGLE-2 tree (top-k per step, the top-k nodes by
+     cumulative log-probability expanded further, `num_draft_tokens` kept). Every draft node is fed
+     at position b (see below); the draft's tree entries are dropped from its cache after proposing.
+  2. verify: one target pass over [root, draft nodes] at positions b+1+depth, with a tree attention
+     mask (a 4D mask passed to the HF model; a chain needs only the causal mask).
+  3. keep: the target's KV cache keeps the root and the accepted nodes, compacted into place by one
+     gather per layer (no recomputation); their captured states become the draft's next input, paired
+     with the tokens shifted by one (accepted tokens, then the bonus token, which is the next root).
+Draft positions follow the training convention (`train.ttt_unroll`): a real input (g_t, x_{t+1}) sits
+at position t, and every drafted node of a round, at any depth, at position b, as TTT step d at
+position t keeps the position id t (EAGLE-3 reference training, SpecForge). EAGLE's inference code,
+SGLang and vLLM instead feed a depth-d node at b+d, which the draft never saw in training: on the
+self-distilled setup of tests/test_online_offline.py, b+d lowered live chain acceptance at draft
+positions 1-3 from 0.75/0.74/0.74 (equal to the offline replay) to 0.67/0.51/0.60, and the accept
+length from 2.64 to 2.37 (chain) and from 2.86 to 2.64 (tree).
+
+Metrics in `GenerationResult.extra`:
+  accept_length        mean tokens produced per verification pass (accepted draft tokens + 1 bonus),
+                       counted before truncation at EOS / max-new-tokens; the prefill is not a pass.
+  accept_per_position  entry k: among verification passes in which draft position k was *reached*
+                       (positions 0..k-1 all accepted and the tree had a node at depth k+1), the
+                       fraction in which a draft token at depth k+1 was accepted. Position 0 is reached
+                       in every pass. 0.0 where never reached. `accept_counts`/`reach_counts` hold the
+                       raw numbers.
+  draft_s, verify_s, other_s   wall time in the draft (prefill included), in target passes + acceptance
+                       + KV compaction, and elsewhere. No extra device syncs are added for timing, so
+                       on an asynchronous device the split is approximate (the totals are exact).
+  target_forwards, num_verify_passes, tree (the mode actually used), tree_fallback (why not, if so).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+
+from specwire.target.capture import capture_hooks
+from specwire.draft.model import AttendFn, Eagle3Draft, load_draft
+from specwire.errors import SpecwireError, WiringMismatch
+from specwire.decode.plain import GenerationResult, check_request
+from specwire.decode.sampling import SamplingParams, logits_to_probs, make_generator, next_token, sample_from
+from specwire.target.load import Target, tokenizer_fingerprint
+from specwire.decode.tree import DraftTree, chain_tree, root_only, select_tree
+from specwire.decode.verify import VerifyResult, verify_chain_sampled, verify_greedy, verify_tree_sampled
+from specwire.wiring import validate_hs_ids
+
+
+@dataclass
+class SpecConfig:
+    """Speculation knobs (SGLang's names: --speculative-num-steps / -eagle-topk / -num-draft-tokens)."""
+
+    num_steps: int = 5  # draft depth: draft tokens on the longest path
+    topk: int = 4  # branching per step in a tree (a chain always uses 1)
+    num_draft_tokens: int = 16  # tree budget: draft tokens verified per pass, kept by cumulative draft prob
+    tree: bool = True  # tree (EAGLE-2 dynamic) or chain drafting
+
+    def __post_init__(self):
+        for name in ("num_steps", "topk", "num_draft_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SpecwireError(f"SpecConfig.{name}: expected a positive integer, found {v!r}.")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---- loading a draft against a target -------------------------------------------------------------
+
+def draft_fit_problems(draft: Eagle3Draft, target: Target) -> list[str]:
+    """Everything that keeps `draft` from reading `target`'s states, as readable lines (empty = fits)."""
+    c = draft.config
+    w = c.wiring
+    # compare the target identities only (hs ids emptied: they are checked against the target's depth below)
+    problems = w.replace(hs_ids=(), target=target.spec).differences(
+        w.replace(hs_ids=()), ignore=("hs_ids", "norm_before_residual", "draft_vocab_size", "tokenizer_fingerprint",
+                                      "chat_template_hash"))
+    try:
+        validate_hs_ids(w.hs_ids, target.num_layers, what="draft hs ids")
+    except SpecwireError as e:
+        problems.append(str(e).rstrip("."))
+    if c.target_hidden_size != target.info.hidden_size:
+        problems.append(f"fc input: the draft fuses states of width {c.target_hidden_size}, the target's hidden size "
+                        f"is {target.info.hidden_size}")
+    if c.hidden_size != target.info.hidden_size:
+        problems.append(f"draft hidden size {c.hidden_size} differs from the target's embedding width "
+                        f"{target.info.hidden_size} (the draft reads the target's token embeddings)")
+    if c.vocab_size != target.info.vocab_size:
+        problems.append(f"vocab: the draft maps into {c.vocab_size} target ids, the target has {target.info.vocab_size}")
+    if w.tokenizer_fingerprint and target.tokenizer is not None:
+        found = tokenizer_fingerprint(target.tokenizer)
+        if found != w.tokenizer_fingerprint:
+            problems.append(f"tokenizer fingerprint: the draft was trained with {w.tokenizer_fingerprint}, "
+                            f"the target's tokenizer is {found}")
+    return problems
+
+
+def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int] | None = None) -> Eagle3Draft:
+    """Load a draft for serving with `target`: refuse a wiring that does not fit, attach embeddings.
+
+    hs_ids_override (experiments only) replaces the draft's hs ids; it must keep their count.
+    """
+    draft = load_draft(name_or_path, device=target.device, dtype=target.dtype)
+    c = draft.config
+    if hs_ids_override is not None:
+        ids = [int(i) for i in hs_ids_override]
+        validate_hs_ids(ids, target.num_layers, expected_count=c.num_fused, what="hs ids override")
+        c.wiring = c.wiring.replace(hs_ids=tuple(ids))
+    problems = draft_fit_problems(draft, target)
+    if problems:
+        raise WiringMismatch(
+            f"draft '{name_or_path}' does not fit target '{target.info.name}': " + "; ".join(problems) + ".",
+            fix="use the draft trained for this target (or retrain it with `specwire datagen` + `specwire train` "
+                "on this target); `specwire doctor` explains the wiring.",
+        )
+    draft.attach_embeddings(target.parts.embed)
+    return draft
+
+
+# ---- the draft's KV cache ----------------------------------------------------------------------------
+
+class DraftKVCache:
+    """Preallocated K/V for the one draft layer of one request, written by position (no rollback copies)."""
+
+    def __init__(self, *, num_kv_heads: int, head_dim: int, capacity: int, device, dtype):
+        self.k = torch.zeros(1, num_kv_heads, capacity, head_dim, device=device, dtype=dtype)  # shape: [1, nkv, cap, d]
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+
+    def _ensure(self, n: int) -> None:
+        cap = self.k.shape[2]
+        if n > cap:
+            new = max(n, 2 * cap)
+            pad = lambda t: torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], new - cap, t.shape[3])], dim=2)
+            self.k, self.v = pad(self.k), pad(self.v)
+
+    def attend(self, mask: torch.Tensor | None) -> AttendFn:
+        """An attend(q, k, v) that appends k/v and attends over the whole cache.
+
+        mask: [1, 1, T, length + T] bool (True = may attend) or None (every query sees every entry).
+        """
+        def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            T = k.shape[2]
+            start, end = self.length, self.length + T
+            self._ensure(end)
+            self.k[:, :, start:end] = k
+            self.v[:, :, start:end] = v
+            self.length = end
+            return F.scaled_dot_product_attention(q, self.k[:, :, :end], self.v[:, :, :end], attn_mask=mask,
+                                                  enable_gqa=k.shape[1] != q.shape[1])
+        return fn
+
+    def crop(self, length: int) -> None:
+        self.length = length
+
+
+def causal_prefix_mask(T: int, past: int, device) -> torch.Tensor | None:
+    """T new queries after `past` cached entries, causal among themselves. [1, 1, T, past+T] or None if T == 1."""
+    if T == 1:
+        return None
+    m = torch.ones(T, past + T, dtype=torch.bool, device=device)
+    m[:, past:] = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    return m[None, None]
+
+
+# ---- proposers ------------------------------------------------------------------------------------------
+
+@runtime_checkable
+class DraftProposer(Protocol):
+    """What the engine asks of a drafter (the EAGLE-3 draft, or a test oracle)."""
+
+    hs_ids: tuple[int, ...]  # target hidden states (hs indices) to capture for it
+
+    def propose(self, states: torch.Tensor, tokens: torch.Tensor, start: int, *, steps: int, spec: SpecConfig,
+                tree: bool, params: SamplingParams, generator: torch.Generator | None) -> DraftTree:
+        """Take in the newly accepted positions and propose a tree rooted at tokens[-1].
+
+        states: [T, n*H] fused target states at positions start..start+T-1; tokens: [T] the token after
+        each of those positions (tokens[-1] is the root: the target's last produced token).
+        steps: depth to propose (0 = a root-only tree). Chain trees carry q (sampling) when not greedy.
+        """
+        ...
+
+
+class EagleProposer:
+    """Chain or EAGLE-2 tree proposals from an `Eagle3Draft`, with its own KV cache."""
+
+    def __init__(self, draft: Eagle3Draft, *, capacity: int):
+        c = draft.config
+        self.draft = draft
+        self.hs_ids = tuple(c.wiring.hs_ids)
+        w = draft.fc.weight
+        self.cache = DraftKVCache(num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, capacity=capacity,
+                                  device=w.device, dtype=w.dtype)
+        self.draft_to_target = draft.to_target_ids(torch.arange(c.draft_vocab_size, device=w.device))  # shape: [Vd]
+        self.vocab_size = c.vocab_size
+
+    def _step(self, hidden, ids, positions, mask, *, last_only: bool):
+        """One draft layer pass appending to the cache. hidden [1,T,H], ids/positions [1,T] ->
+        logits [T', Vd], hidden [T', H] with T' = 1 if last_only else T."""
+        d = self.draft
+        e = d.embed(ids)  # shape: [1, T, H]
+        cos, sin = d.rope(positions, hidden)
+        h = d.layers[0](e, hidden, cos, sin, self.cache.attend(mask))  # shape: [1, T, H]
+        if last_only:
+            h = h[:, -1:]
+        return d.lm_head(d.norm(h))[0], h[0]
+
+    def propose(self, states, tokens, start, *, steps, spec, tree, params, generator) -> DraftTree:
+        T = tokens.shape[0]
+        if self.cache.length != start:
+            raise RuntimeError(f"draft cache holds {self.cache.length} positions, the engine feeds from {start}")
+        dev = tokens.device
+        hidden = self.draft.fuse(states[None])  # shape: [1, T, H]
+        positions = torch.arange(start, start + T, device=dev)[None]
+        logits, h = self._step(hidden, tokens[None], positions, causal_prefix_mask(T, start, dev), last_only=True)
+        root = tokens[-1]
+        if steps == 0:
+            return root_only(root)
+        real = self.cache.length
+        last_pos = start + T - 1  # position b of the last real input; every draft node sits at b too
+        try:
+            if tree and spec.topk > 1:
+                return self._tree(logits, h, root, last_pos, steps=steps, topk=spec.topk, budget=spec.num_draft_tokens)
+            return self._chain(logits, h, root, last_pos, steps=steps, params=params, generator=generator)
+        finally:
+            self.cache.crop(real)
+
+    def _chain(self, logits, h, root, last_pos, *, steps, params, generator) -> DraftTree:
+        toks, qs = [], []
+        for i in range(steps):
+            if i:
+                pos = torch.full((1, 1), last_pos, device=h.device, dtype=torch.long)  # TTT: constant position
+                logits, h = self._step(h[None], toks[-1].reshape(1, 1), pos, None, last_only=True)
+            if params.greedy:
+                d = logits.argmax(-1)  # shape: [1]
+            else:
+                qd = logits_to_probs(logits, params)  # shape: [1, Vd]
+                d = sample_from(qd, generator)
+                qs.append(qd)
+            toks.append(self.draft_to_target[d])
+        q = None
+        if qs:
+            qd = torch.cat(qs)  # shape: [k, Vd]
+            q = qd.new_zeros(qd.shape[0], self.vocab_size)
+            q[:, self.draft_to_target] = qd  # shape: [k, V]; draft probs over target ids
+        return chain_tree(root, torch.cat(toks), q)
+
+    def _tree(self, logits, h, root, last_pos, *, steps, topk, budget) -> DraftTree:
+        """EAGLE-2: expand the top-k frontier by cumulative log-prob for `steps` depths, keep `budget`."""
+        dev = h.device
+        real = self.cache.length
+        top = torch.log_softmax(logits[0].float(), -1).topk(topk)  # shape: [k]
+        scores = top.values  # cumulative log-probs of the frontier
+        f_tokens = self.draft_to_target[top.indices]  # shape: [k] target ids
+        f_hidden = h.expand(topk, -1)  # shape: [k, H], the state that predicted each frontier node
+        f_ids = torch.arange(topk, device=dev)  # candidate index of each frontier node
+        anc = torch.eye(topk, dtype=torch.bool, device=dev)  # shape: [k, S] ancestry over tree slots
+        cand_tokens, cand_scores, cand_parents = [f_tokens], [scores], [torch.full((topk,), -1, device=dev)]
+        n_cand = topk
+        for step in range(1, steps):
+            mask = torch.cat([torch.ones(topk, real, dtype=torch.bool, device=dev), anc], dim=1)[None, None]
+            pos = torch.full((1, topk), last_pos, device=dev, dtype=torch.long)  # TTT: constant position
+            lg, hid = self._step(f_hidden[None], f_tokens[None], pos, mask, last_only=False)  # [k, Vd], [k, H]
+            top = torch.log_softmax(lg.float(), -1).topk(topk, dim=-1)  # shape: [k, k]
+            cu = (scores[:, None] + top.values).reshape(-1)  # shape: [k*k]
+            toks = self.draft_to_target[top.indices.reshape(-1)]
+            cand_tokens.append(toks)
+            cand_scores.append(cu)
+            cand_parents.append(f_ids.repeat_interleave(topk))
+            sel = cu.topk(topk).indices  # next frontier, shape: [k]
+            par = sel // topk
+            scores, f_tokens, f_hidden = cu[sel], toks[sel], hid[par]
+            f_ids = n_cand + sel
+            anc = torch.cat([anc[par], torch.eye(topk, dtype=torch.bool, device=dev)], dim=1)
+            n_cand += topk * topk
+        parents = torch.cat(cand_parents).tolist()
+        return select_tree(root, torch.cat(cand_tokens), parents, torch.cat(cand_scores), budget)
+
+
+# ---- the target side -----------------------------------------------------------------------------------
+
+def tree_unsupported(target: Target, cache) -> str | None:
+    """Why a tree pass cannot run on this target (then the engine drafts chains), or None."""
+    from transformers.cache_utils import DynamicLayer
+
+    impl = getattr(target.model.config, "_attn_implementation", None)
+    if impl not in ("sdpa", "eager"):
+        return f"attention implementation '{impl}' takes no custom 4D tree mask"
+    if any(type(layer) is not DynamicLayer for layer in getattr(cache, "layers", [None])):
+        return "the target's KV cache has non-plain layers (sliding window / recurrent); no tree compaction"
+    return None
+
+
+def target_tree_mask(tree: DraftTree, past: int, target: Target) -> torch.Tensor:
+    """The 4D mask of a tree pass: every node sees the cached prefix and its ancestors.
+    shape: [1, 1, N+1, past+N+1]; bool for SDPA, additive float for eager attention."""
+    m = tree.tree_mask()
+    m = torch.cat([torch.ones(m.shape[0], past, dtype=torch.bool, device=m.device), m], dim=1)[None, None]
+    if target.model.config._attn_implementation == "eager":
+        return torch.zeros(m.shape, dtype=target.dtype, device=m.device).masked_fill(~m, torch.finfo(target.dtype).min)
+    return m
+
+
+def keep_accepted(cache, past: int, keep: list[int]) -> None:
+    """Keep the cached prefix and the tree nodes `keep` (root first) in that order, dropping the rest.
+
+    The accepted branch's K/V are gathered into place once per layer; a contiguous prefix is just cropped.
+    """
+    m = len(keep)
+    if keep != list(range(m)):
+        idx = torch.tensor(keep, dtype=torch.long, device=cache.layers[0].keys.device) + past
+        for layer in cache.layers:
+            layer.keys[..., past:past + m, :] = layer.keys[..., idx, :]  # shape: [B, nkv, m, d]
+            layer.values[..., past:past + m, :] = layer.values[..., idx, :]
+    remove = cache.get_seq_length() - (past + m)
+    if remove > 0:
+        cache.crop(-remove)
+
+
+class _Stats:
+    def __init__(self, depth: int):
+        self.reach = [0] * depth
+        self.accept = [0] * depth
+        self.passes = 0
+        self.produced = 0
+
+    def add(self, tree: DraftTree, res: VerifyResult) -> None:
+        self.passes += 1
+        self.produced += len(res.tokens)
+        n = res.num_accepted
+        for k in range(min(tree.max_depth, len(self.reach))):
+            if n >= k:
+                self.reach[k] += 1
+                if n > k:
+                    self.accept[k] += 1
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: Target,
+    draft: Eagle3Draft | DraftProposer,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int = 128,
+    params: SamplingParams = SamplingParams(),
+    generator: torch.Generator | None = None,
+    tree: bool = True,
+    spec: SpecConfig | None = None,
+    on_token: Callable[[int], None] | None = None,
+    stop_on_eos: bool = True,
+) -> GenerationResult:
+    """Decode up to `max_new_tokens` tokens speculatively; output distributed exactly as `plain_generate`.
+
+    Tree drafting is used when both `tree` and `spec.tree` are true (and the target takes a tree mask,
+    else chains, noted in extra["tree_fallback"]). `draft` is an `Eagle3Draft` from `load_engine_draft`,
+    or any `DraftProposer`.
+    """
+    from transformers import DynamicCache
+
+    check_request(target, prompt_ids, max_new_tokens)
+    spec = spec or SpecConfig(tree=tree)
+    use_tree = tree and spec.tree
+    if generator is None and not params.greedy:
+        generator = make_generator(0, target.device)
+    eos = set(target.eos_token_ids) if stop_on_eos else set()
+    model, dev = target.model, target.device
+    t0 = time.perf_counter()
+    cache = DynamicCache(config=model.config)
+    fallback = tree_unsupported(target, cache) if use_tree else None
+    if fallback:
+        use_tree = False
+    if isinstance(draft, Eagle3Draft):
+        budget = spec.num_draft_tokens if use_tree else spec.num_steps
+        proposer = EagleProposer(draft, capacity=len(prompt_ids) + max_new_tokens + spec.num_steps * spec.topk + budget + 8)
+    else:
+        proposer = draft
+    hs_ids = list(proposer.hs_ids)
+    stats = _Stats(spec.num_steps)
+    draft_s = verify_s = 0.0
+    out: list[int] = []
+    stop = "length"
+
+    def emit(tokens: list[int]) -> bool:
+        nonlocal stop
+        for tok in tokens:
+            out.append(tok)
+            if on_token:
+                on_token(tok)
+            if tok in eos:
+                stop = "eos"
+                return True
+            if len(out) >= max_new_tokens:
+                return True
+        return False
+
+    with capture_hooks(target.parts, hs_ids) as store:
+        def fused(rows: torch.Tensor | None = None) -> torch.Tensor | None:
+            if not hs_ids:
+                return None
+            g = torch.cat([store[i] for i in hs_ids], dim=-1)[0]  # shape: [T, n*H]
+            return g if rows is None else g[rows]
+
+        tv = time.perf_counter()
+        ids = torch.tensor([prompt_ids], device=dev)
+        logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        root = next_token(logits, params, generator)
+        states, past = fused(), 0
+        tokens = torch.cat([ids[0, 1:], root.reshape(1)])  # shape: [n], the token after each prompt position
+        done = emit([int(root)])
+        verify_s += time.perf_counter() - tv
+        while not done:
+            td = time.perf_counter()
+            steps = min(spec.num_steps, max_new_tokens - len(out) - 1)
+            dtree = proposer.propose(states, tokens, past, steps=steps, spec=spec, tree=use_tree, params=params,
+                                     generator=generator)
+            tv = time.perf_counter()
+            draft_s += tv - td
+            past = cache.get_seq_length()
+            if dtree.is_chain:
+                mask, positions = None, None
+            else:
+                mask, positions = target_tree_mask(dtree, past, target), (dtree.positions() + past)[None]
+            logits = model(input_ids=dtree.tokens[None], position_ids=positions, attention_mask=mask,
+                           past_key_values=cache, use_cache=True).logits[0]  # shape: [N+1, V]
+            if params.greedy:
+                res = verify_greedy(dtree, logits.argmax(-1))
+            else:
+                p = logits_to_probs(logits, params)  # shape: [N+1, V]
+                if dtree.is_chain and dtree.q is not None:
+                    res = verify_chain_sampled(dtree.tokens[1:], p, dtree.q[1:], generator)
+                else:
+                    res = verify_tree_sampled(dtree, p, generator)
+            keep = [0] + res.accepted
+            keep_accepted(cache, past, keep)
+            states = fused(torch.tensor(keep, device=dev))  # shape: [m+1, n*H], positions past..past+m
+            tokens = torch.tensor(res.tokens, device=dev)  # the token after each kept position
+            stats.add(dtree, res)
+            verify_s += time.perf_counter() - tv
+            done = emit(res.tokens)
+    seconds = time.perf_counter() - t0
+    passes = stats.passes
+    extra = {
+        "accept_length": stats.produced / passes if passes else 0.0,
+        "accept_per_position": [a / r if r else 0.0 for a, r in zip(stats.accept, stats.reach)],
+        "accept_counts": stats.accept,
+        "reach_counts": stats.reach,
+        "draft_s": draft_s,
+        "verify_s": verify_s,
+        "other_s": max(0.0, seconds - draft_s - verify_s),
+        "target_forwards": 1 + passes,
+        "num_verify_passes": passes,
+        "tree": use_tree,
+        "tree_fallback": fallback,
+        "spec": spec.to_dict(),
+    }
+    return GenerationResult(list(prompt_ids), out, stop, seconds, 1 + passes, extra)

@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Any
 
+from specwire.cli.options import add_draft_mode_option, add_json_option, add_model_options, emit_json  # noqa: F401 (re-exported)
 from specwire.errors import SpecwireError
 
 # Modules that contribute subcommands through `add_cli(subparsers)`, in help order.
@@ -36,39 +37,6 @@ The wiring contract: every dump, checkpoint and engine carries the hidden-state 
 (hs-index convention: 0 = embeddings, i = input of layer i, L = last layer before the final norm),
 and refuses a mismatch. `specwire info smollm2-135m` shows them in every tool's convention.
 """
-
-
-def add_model_options(p: argparse.ArgumentParser, *, target: bool = True, draft: bool = False,
-                      linear: bool = False) -> None:
-    """Options every model-running command shares (`linear`: the decoding commands' --linear too)."""
-    if target:
-        p.add_argument("--target", default="smollm2-135m", help="built-in target name or HF model folder (default: %(default)s)")
-    if draft:
-        p.add_argument("--draft", default="smollm2-135m-eagle3",
-                       help="draft checkpoint folder or the shipped 'smollm2-135m-eagle3' (default: %(default)s)")
-    p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
-    if linear:
-        p.add_argument("--linear", default="torch", choices=["torch", "pretransposed"],
-                       help="the target's linear layers on CPU: 'torch' keeps nn.Linear; 'pretransposed' stores W.T "
-                            "contiguously, which made 4- to 32-token passes 4-38%% cheaper at 2 threads on our machines, "
-                            "depending on the CPU (docs/BENCHMARKS.md) (default: %(default)s; every method of a bench run shares the same target)")
-
-
-def add_draft_mode_option(p: argparse.ArgumentParser) -> None:
-    """--tree (default) / --chain: how the draft proposes tokens."""
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--tree", dest="tree", action="store_true", default=True, help="tree drafting (default)")
-    g.add_argument("--chain", dest="tree", action="store_false", help="chain drafting")
-
-
-def add_json_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of text")
-
-
-def emit_json(obj: Any) -> None:
-    print(json.dumps(obj, indent=2, default=str))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,21 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from specwire.bench.run import (
-    DRAFT_METHODS,
-    METHODS,
-    BenchConfig,
-    BenchReport,
-    PromptRun,
-    add_speedups,
-    first_difference,
-    parse_methods,
-    run_bench,
-    summarize,
-    weighted_positions,
-)
-from specwire.errors import SpecwireError
+from specwire.bench.config import DRAFT_METHODS, METHODS, BenchConfig, BenchReport, PromptRun, parse_methods
 from specwire.bench.report import render_markdown, render_summary, save_plot
+from specwire.bench.run import run_bench
+from specwire.bench.summary import add_speedups, first_difference, summarize, weighted_positions
+from specwire.decode.engine import SpecConfig
+from specwire.errors import SpecwireError
 
 STABLE_RESULT_KEYS = {"method", "tokens_per_s", "accept_length", "lossless"}
 HF_AND_PLAIN = ("hf-generate", "hf-prompt-lookup", "plain")
@@ -103,7 +94,7 @@ def test_parse_methods_and_config_validation():
     with pytest.raises(SpecwireError, match="need a draft"):
         BenchConfig(methods=("plain", "eagle3-tree"), draft=None)
     with pytest.raises(SpecwireError, match="topk"):
-        BenchConfig(topk=0)
+        BenchConfig(spec=SpecConfig(topk=0))
     c = BenchConfig(methods=("hf-generate",))
     assert c.run_methods == ("hf-generate", "plain") and not c.needs_draft
 
@@ -190,7 +181,8 @@ def test_oracle_is_added_when_plain_is_left_out(tiny_llama_target, prompt_file):
 
 def _random_tiny_draft(target, out: Path, *, seed: int = 0, draft_vocab_size: int = 200) -> Path:
     """A randomly initialised draft for `target`, saved as a native checkpoint (first ids = draft vocab)."""
-    from specwire.draft.model import DraftConfig, Eagle3Draft, save_draft
+    from specwire.draft.checkpoint import save_draft
+    from specwire.draft.model import DraftConfig, Eagle3Draft
     from specwire.target.load import chat_template_hash, tokenizer_fingerprint
     from specwire.wiring import Wiring, default_hs_ids
 
@@ -206,7 +198,7 @@ def test_run_bench_all_methods_with_random_tiny_draft(tiny_llama_target, prompt_
     pytest.importorskip("specwire.decode.engine", reason="the speculative engine (specwire.decode.engine) is not installed yet")
     draft_dir = _random_tiny_draft(tiny_llama_target, tmp_path / "draft")
     cfg = BenchConfig(target=str(tiny_llama_target.info.path), draft=str(draft_dir), prompts=str(prompt_file),
-                      max_new_tokens=16, num_steps=3, topk=2, num_draft_tokens=6, warmup_tokens=2,
+                      max_new_tokens=16, spec=SpecConfig(num_steps=3, topk=2, num_draft_tokens=6), warmup_tokens=2,
                       out_dir=str(tmp_path / "run"), progress=False)
     rep = run_bench(cfg, target=tiny_llama_target)
     assert [r.method for r in rep.results] == list(METHODS)
@@ -251,7 +243,7 @@ def test_cli_bench_bad_method_is_a_one_line_error(capsys):
 
 @pytest.mark.slow
 def test_bench_builtin_target_mt_bench(tmp_path):
-    from specwire.draft.model import shipped_draft_dir
+    from specwire.draft.checkpoint import shipped_draft_dir
 
     methods = ["hf-generate", "plain"]
     try:
@@ -437,3 +429,35 @@ def test_cli_rerun_of_the_same_bench_command_resumes(tiny_llama_target, prompt_f
             assert main(argv + extra) == 0
         notes.append(json.loads(buf.getvalue())["notes"])
     assert notes[0] == [] and notes[1] and notes[1][0].startswith("resumed: 1 of 1 prompts") and notes[2] == []
+
+
+def test_a_record_from_before_specconfig_with_null_knobs_still_resumes(tiny_llama_target, prompt_file, tmp_path):
+    """Records written when the knobs were optional hold null for 'the engine's default': they resume as such."""
+    from specwire.bench.record import RUNS_FILE
+
+    out = tmp_path / "run"
+    first = run_bench(_resumable(tiny_llama_target, prompt_file, out, limit=1), target=tiny_llama_target)
+    path = out / RUNS_FILE
+    header, *rest = path.read_text().splitlines()
+    h = json.loads(header)
+    assert {k: h["settings"][k] for k in ("num_steps", "topk", "num_draft_tokens")} == {
+        "num_steps": 5, "topk": 4, "num_draft_tokens": 16}  # today's record: the values themselves
+    h["settings"].update(num_steps=None, topk=None, num_draft_tokens=None)
+    path.write_text("\n".join([json.dumps(h), *rest]) + "\n")
+    more = run_bench(_resumable(tiny_llama_target, prompt_file, out, limit=2), target=tiny_llama_target)
+    assert any(n.startswith("resumed: 1 of 2 prompts") for n in more.notes)
+    assert [r.seconds for r in more.runs[:2]] == [r.seconds for r in first.runs]
+    with pytest.raises(SpecwireError, match=r"other settings \(topk: recorded 4, now 2\)"):
+        run_bench(_resumable(tiny_llama_target, prompt_file, out, spec=SpecConfig(topk=2)), target=tiny_llama_target)
+
+
+def test_run_demo_is_a_library_call_whose_lines_go_where_the_caller_says(tiny_llama_target, tmp_path):
+    from specwire.bench.demo import DemoConfig, run_demo
+
+    lines: list[str] = []
+    report = run_demo(DemoConfig(target=str(tiny_llama_target.info.path), device="cpu", max_new_tokens=3, bench_prompts=1,
+                                 bench_tokens=3, out=str(tmp_path / "demo")),
+                      say=lambda *a, **kw: lines.append(" ".join(map(str, a)) + kw.get("end", "\n")))
+    text = "".join(lines)
+    assert "default EAGLE-3 wiring" in text and "| plain |" in text and report.result("plain").lossless
+    assert report.run_dir == str(tmp_path / "demo")

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from conftest import make_tiny_target_dir
-from specwire.draft.model import DraftConfig, Eagle3Draft, save_draft
+from specwire.draft.checkpoint import save_draft
+from specwire.draft.model import DraftConfig, Eagle3Draft
 from specwire.decode.engine import (
     SpecConfig,
     keep_accepted,

@@ -9,7 +9,8 @@ import torch
 
 from specwire.errors import SpecwireError, WiringMismatch
 from specwire.training.evaluate import EvalResult, evaluate, predicted_accept_length
-from specwire.training.trainer import TrainConfig, train
+from specwire.training.config import TrainConfig
+from specwire.training.trainer import train
 from test_train import one_thread, pattern_samples, write_dump
 
 
@@ -89,3 +90,22 @@ def test_eval_refuses_mismatched_data(trained, tiny_target, tiny_llama_target, c
         evaluate(str(trained["draft"]), other_target, device="cpu")
     with pytest.raises(SpecwireError, match="'val' split holds no samples"):
         evaluate(str(trained["draft"]), trained["dump"], target=tiny_llama_target, split="val", max_samples=0)
+
+
+def test_eval_takes_a_train_out_folder(trained, tmp_path, capsys):
+    """`--draft runs/x` (what `train --out` wrote) resolves to runs/x/draft and says so on stderr."""
+    from specwire.cli import main
+    from specwire.training.rundir import resolve_draft_arg
+
+    run = trained["draft"].parent
+    rc = main(["eval", "--draft", str(run), "--data", str(trained["dump"]), "--json", "--ttt-steps", "2", "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert rc == 0 and f"using {trained['draft']}" in captured.err
+    assert len(json.loads(captured.out)["step_accuracy"]) == 2
+    unfinished = tmp_path / "unfinished"
+    (unfinished / "checkpoint").mkdir(parents=True)
+    (unfinished / "checkpoint" / "state.json").write_text("{}")
+    with pytest.raises(SpecwireError, match="has not finished"):
+        resolve_draft_arg(unfinished)
+    assert main(["eval", "--draft", str(tmp_path), "--data", str(trained["dump"])]) == 2
+    assert "expected a draft folder" in capsys.readouterr().err

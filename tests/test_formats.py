@@ -12,27 +12,22 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specwire.draft.model import DraftConfig, Eagle3Draft, load_draft, save_draft
+from specwire.draft.checkpoint import load_draft, save_draft
+from specwire.draft.model import DraftConfig, Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
-from specwire.interop.formats import (
+from specwire.interop.convert import export_draft, import_draft, native_shapes
+from specwire.interop.inspect import (
     FORMAT_NATIVE,
     FORMAT_SGLANG,
     FORMAT_SPECULATORS,
     detect_format,
     engine_reading,
-    export_draft,
-    hs_to_sglang_ids,
-    import_draft,
     layer_layout,
-    native_shapes,
-    native_to_sglang_key,
     read_checkpoint,
-    remap_keys,
-    sglang_readings,
-    sglang_to_native_key,
 )
+from specwire.interop.sglang import native_to_sglang_key, remap_keys, sglang_to_native_key
 from specwire.target.load import chat_template_hash, tokenizer_fingerprint
-from specwire.wiring import SGLANG_VERSIONS, Wiring, default_hs_ids, sglang_to_hs
+from specwire.wiring import SGLANG_VERSIONS, Wiring, default_hs_ids, hs_to_sglang_ids, sglang_readings, sglang_to_hs
 
 DRAFT_VOCAB = 128
 

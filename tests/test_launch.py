@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from specwire.errors import SpecwireError
-from specwire.interop.formats import export_draft
+from specwire.interop.convert import export_draft
 from specwire.interop.launch import check_sglang_flags, launch_command, sglang_max_draft_tokens
 from test_formats import make_native, read_cfg, write_cfg
 
@@ -179,7 +179,8 @@ def test_builtin_target_name(tmp_path):
     """--target smollm2-135m: a draft with SmolLM2's geometry (random weights, config-only checks)."""
     import torch
 
-    from specwire.draft.model import DraftConfig, Eagle3Draft, save_draft
+    from specwire.draft.checkpoint import save_draft
+    from specwire.draft.model import DraftConfig, Eagle3Draft
     from specwire.target.load import read_target_config, resolve_target_path, target_info
     from specwire.wiring import TargetSpec, Wiring, default_hs_ids
 

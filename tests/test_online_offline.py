@@ -27,6 +27,20 @@ prediction at t = b is right: hits[b, k] (table computed below, tied to `evaluat
      |live_k - c_k| <= max(0.05, 3 standard errors of live_k) (~0.12 at ~100 reached rounds).
   3. The test can fail: served with the hs ids permuted, the output stays lossless and live position
      0 falls to ~0.05 (bounded here by a_0 / 2).
+
+The tree (EAGLE-2 dynamic, topk 4, 16 nodes, depth K). Along the dumped answer, a tree node on the true
+path at depth j+1 is fed exactly TTT step j's teacher-forced input (its ancestors are the true tokens,
+the tree mask shows it the real prefix and those ancestors, the position is b), so its children are
+the draft's top-4 at step j, t = b. A round at b therefore accepts at most the leading run of
+topk_hits[b, :] (true token among the offline top-4), and exactly that run unless the dynamic tree
+pruned the true path (frontier: top-4 of 16 by cumulative log-probability; budget: 16 of 52).
+  4. Every live tree round (recorded by wrapping the engine's greedy verification) accepts a prefix of
+     the offline top-4 run at its b (tolerance: 2% of rounds, for numerical near-ties), and equals the
+     run in most rounds (pruning; bound below, measured in the test's message on failure).
+  5. Over the live round starts, live position 0 equals the offline top-4 rate (the root's 4 children
+     always survive pruning; tolerance 0.02), deeper positions never exceed the offline rate (pruning
+     only removes), and position 0 is at least the chain's.
+  6. The test can fail: served with the hs ids permuted, tree position 0 collapses as the chain's does.
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ from conftest import make_tiny_target_dir
 from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
 
 K = 4  # TTT steps = chain depth
+TREE = SpecConfig(num_steps=K, topk=4, num_draft_tokens=16)  # the engine's default tree shape at depth K
 NEW_TOKENS = 40
 WORDS = ["apple", "river", "stone", "cloud", "seven", "green", "quiet", "north"]
 
@@ -56,10 +71,11 @@ def write_prompts(path, n: int, *, seed: int = 0):
 
 
 @torch.no_grad()
-def offline_hits(draft, target, sample, steps: int) -> torch.Tensor:
-    """hits[t, j]: TTT step j at position t (teacher forced, constant positions, as `train.ttt_unroll`)
-    predicts the target's argmax at t+1+j. False where t+1+j is past the sample. shape: [T, steps] bool"""
-    from specwire.training.trainer import TTTAttend
+def offline_hits(draft, target, sample, steps: int, topk: int = 1) -> torch.Tensor:
+    """hits[t, j]: TTT step j at position t (teacher forced, constant positions, as `ttt.ttt_unroll`)
+    predicts the target's argmax at t+1+j (with topk > 1: the argmax is among the step's `topk` most
+    likely draft tokens). False where t+1+j is past the sample. shape: [T, steps] bool"""
+    from specwire.training.ttt import TTTAttend
 
     ids = sample["input_ids"][None]  # shape: [1, T]
     T = ids.shape[1]
@@ -71,9 +87,9 @@ def offline_hits(draft, target, sample, steps: int) -> torch.Tensor:
     hits = torch.zeros(T, steps, dtype=torch.bool)
     for j in range(steps):
         e = F.pad(emb[:, 1 + j:], (0, 0, 0, 1 + j))[:, :T]  # token x_{t+1+j}
-        h = draft.layers[0](e, h, cos, sin, attend)
-        pred = draft.to_target_ids(draft.lm_head(draft.norm(h))[0].argmax(-1))  # shape: [T]
-        hits[:T - 1 - j, j] = pred[:T - 1 - j] == target_next[1 + j:]
+        h = draft.step(h, attend, embeds=e, rope=(cos, sin))
+        pred = draft.to_target_ids(draft.logits(h)[0].topk(topk, dim=-1).indices)  # shape: [T, topk]
+        hits[:T - 1 - j, j] = (pred[:T - 1 - j] == target_next[1 + j:, None]).any(-1)
     return hits
 
 
@@ -110,7 +126,8 @@ def setup(tmp_path_factory):
     from specwire.data.dump import open_dump
     from specwire.training.evaluate import evaluate
     from specwire.target.load import load_target
-    from specwire.training.trainer import TrainConfig, train
+    from specwire.training.config import TrainConfig
+    from specwire.training.trainer import train
 
     root = tmp_path_factory.mktemp("online-offline")
     threads = torch.get_num_threads()
@@ -130,7 +147,9 @@ def setup(tmp_path_factory):
         samples = list(open_dump(dump).iter_samples(None))
         draft = load_engine_draft(run.draft_dir, target)
         hits = [offline_hits(draft, target, s, K) for s in samples]
-        yield dict(target=target, draft_dir=run.draft_dir, draft=draft, offline=offline, samples=samples, hits=hits)
+        topk_hits = [offline_hits(draft, target, s, K, topk=TREE.topk) for s in samples]
+        yield dict(target=target, draft_dir=run.draft_dir, draft=draft, offline=offline, samples=samples, hits=hits,
+                   topk_hits=topk_hits)
     finally:
         torch.set_num_threads(threads)
 
@@ -208,3 +227,71 @@ def test_wrong_wiring_lowers_live_acceptance(setup):
     assert all(same)
     live = rates(accept, reach)
     assert live[0] <= offline.step_accuracy[0] / 2, (live, offline.step_accuracy)
+
+
+def test_live_tree_acceptance_matches_offline_top_k(setup, monkeypatch):
+    """Tree rounds, one by one, against the offline top-4 hit table (module docstring, points 4 and 5)."""
+    from specwire.decode import engine
+
+    target, draft, samples = setup["target"], setup["draft"], setup["samples"]
+    rounds: list[tuple[int, int]] = []  # (accepted, tree depth) of each verification pass, in order
+    verify = engine.verify_greedy
+
+    def recording(tree, argmax):
+        res = verify(tree, argmax)
+        rounds.append((res.num_accepted, tree.max_depth))
+        return res
+
+    monkeypatch.setattr(engine, "verify_greedy", recording)
+    violations = exact = total = 0
+    live_acc, live_reach, off_acc = [0] * K, [0] * K, [0] * K
+    for s, topk_hits in zip(samples, setup["topk_hits"]):
+        ids = s["input_ids"].tolist()
+        P = int((s["loss_mask"] == 0).sum())
+        rounds.clear()
+        r = speculative_generate(target, draft, ids[:P], max_new_tokens=NEW_TOKENS, tree=True, spec=TREE)
+        assert r.output_ids == ids[P:], "greedy tree decoding must regenerate the self-distilled answers"
+        assert r.extra["tree"] is True
+        b = P - 1
+        for n, depth in rounds:
+            run = 0
+            while run < depth and bool(topk_hits[b, run]):
+                run += 1
+            violations += n > run
+            exact += n == run
+            total += 1
+            for k in range(depth):
+                if n >= k:
+                    live_reach[k] += 1
+                    live_acc[k] += n > k
+                    off_acc[k] += run > k  # the offline table's verdict at the same round start
+            b += n + 1
+        assert [a for a in live_acc] and r.extra["num_verify_passes"] == len(rounds)
+    assert violations <= 0.02 * total, (violations, total)
+    assert exact >= 0.8 * total, (exact, total)
+    live, offline = rates(live_acc, live_reach), rates(off_acc, live_reach)
+    # position 0: the root's top-4 children always survive pruning (a child never outscores its parent,
+    # so the 4 depth-1 nodes are the first 4 of the 16 kept), so live equals the offline top-4 rate
+    assert abs(live[0] - offline[0]) <= 0.02, (live, offline, live_reach)
+    # deeper: the dynamic tree can only prune the true path away, never add to the offline verdict
+    for k in range(1, K):
+        assert live[k] <= offline[k] + 0.02, (k, live, offline, live_reach)
+    assert min(live_reach[:-1]) >= 30 and live_reach[-1] >= 10, live_reach  # every position is exercised
+    chain_accept, chain_reach, _ = run_live(target, draft, samples)
+    assert live[0] >= rates(chain_accept, chain_reach)[0] - 0.02
+
+
+def test_wrong_wiring_lowers_live_tree_acceptance(setup):
+    """The tree's negative control: permuted hs ids at serving time, still lossless, acceptance collapses."""
+    target, samples, offline = setup["target"], setup["samples"], setup["offline"]
+    hs = list(setup["draft"].config.wiring.hs_ids)
+    wrong = load_engine_draft(setup["draft_dir"], target, hs_ids_override=hs[::-1])
+    accepted = rounds = 0
+    for s in samples:
+        ids = s["input_ids"].tolist()
+        P = int((s["loss_mask"] == 0).sum())
+        r = speculative_generate(target, wrong, ids[:P], max_new_tokens=NEW_TOKENS, tree=True, spec=TREE)
+        assert r.output_ids == ids[P:]
+        accepted += r.extra["accept_counts"][0]
+        rounds += r.extra["reach_counts"][0]
+    assert accepted / rounds <= offline.step_accuracy[0] / 2, (accepted, rounds, offline.step_accuracy)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specwire.draft.model import causal_attend, load_draft, masked_attend
-from specwire.interop.formats import export_draft
+from specwire.draft.checkpoint import load_draft
+from specwire.draft.model import causal_attend, masked_attend
+from specwire.interop.convert import export_draft
 from test_formats import make_native
 
 T = 9  # sequence length of the comparison

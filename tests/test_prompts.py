@@ -15,17 +15,32 @@ import pytest
 from specwire.errors import SpecwireError
 from specwire.data.prompts import (
     HUMANEVAL_INSTRUCTION,
-    SYNTHETIC_PER_KIND,
     PromptRecord,
-    build_pool,
     find_benchmark_overlap,
     load_prompts,
-    main,
-    make_ordering_puzzle,
-    make_truth_puzzle,
     normalize_text,
     pool_path,
 )
+
+
+def _load_build_pool_tool():
+    """tools/build_pool.py, the one-off builder of the shipped pool (a script, not part of the package)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "build_pool.py"
+    spec = importlib.util.spec_from_file_location("build_pool", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_tool = _load_build_pool_tool()
+SYNTHETIC_PER_KIND = _tool.SYNTHETIC_PER_KIND
+build_pool, main = _tool.build_pool, _tool.main
+make_ordering_puzzle, make_truth_puzzle = _tool.make_ordering_puzzle, _tool.make_truth_puzzle
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from specwire.cli import main
-from specwire.draft.model import DraftConfig, Eagle3Draft, save_draft
+from specwire.draft.checkpoint import save_draft
+from specwire.draft.model import DraftConfig, Eagle3Draft
 from specwire.decode.engine import SpecConfig, load_engine_draft
 from specwire.decode.plain import plain_generate
-from specwire.server import RequestError, ServerMetrics, TextTracker, create_app, parse_request, render_prometheus
+from specwire.decode.text import TextStream as TextTracker
+from specwire.server import RequestError, ServerMetrics, create_app, parse_request, render_prometheus
 from specwire.wiring import Wiring
 
 MODEL = "tiny"
@@ -364,7 +366,8 @@ def test_builtin_target_chat_is_lossless_and_streams_the_same_text(tmp_path):
     """SmolLM2-135M with its real BPE tokenizer and chat template: the shipped draft when installed, else a random one."""
     from fastapi.testclient import TestClient
 
-    from specwire.draft.model import SHIPPED_DRAFT, shipped_draft_dir
+    from specwire.draft.checkpoint import shipped_draft_dir
+    from specwire.draft.model import SHIPPED_DRAFT
     from specwire.target.load import load_target
 
     target = load_target("smollm2-135m", device="cpu", dtype="float32")

@@ -14,13 +14,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specwire.draft.model import DraftConfig, Eagle3Draft, load_draft, masked_attend
+from specwire.draft.checkpoint import load_draft
+from specwire.draft.model import DraftConfig, Eagle3Draft, masked_attend
 from specwire.data.dump import DUMP_FORMAT, DUMP_FORMAT_VERSION, MANIFEST, SHARD_FORMAT, VOCAB_COUNTS, shard_name
 from specwire.errors import SpecwireError, WiringMismatch
 from specwire.safeio import load_tensors, save_tensors, write_json
-from specwire.training.trainer import (TargetHeads, TrainConfig, TTTAttend, entropy, epoch_batches, expected_wiring, kl_to_target,
-                            lr_at, make_batch, micro_batches, restricted_target, soft_cross_entropy, step_counts,
-                            step_weights, top1_matches, train, ttt_attention, ttt_mask, ttt_unroll, _draft_hidden_step)
+from specwire.training.batches import epoch_batches, expected_wiring, micro_batches
+from specwire.training.config import TrainConfig
+from specwire.training.trainer import lr_at, train
+from specwire.training.ttt import (TargetHeads, TTTAttend, entropy, kl_to_target, make_batch, restricted_target,
+                                  soft_cross_entropy, step_counts, step_weights, top1_matches, ttt_attention, ttt_mask,
+                                  ttt_unroll)
 from specwire.wiring import default_hs_ids
 
 
@@ -55,7 +59,7 @@ def pattern_samples(n: int, *, seed: int = 0, min_len: int = 24, max_len: int = 
 def write_dump(out: Path, target, samples, *, target_name, hs_ids=None, dtype: str = "float32",
                shard_samples: int = 16) -> Path:
     """A dump in the shared format (dump.py), states captured with datagen's `capture_batch`."""
-    from specwire.data.datagen import capture_batch
+    from specwire.target.capture import capture_batch
 
     out = Path(out)
     out.mkdir(parents=True)
@@ -239,7 +243,7 @@ def test_draft_hidden_step_is_forward_without_lm_head(tiny_llama_target):
     pos = torch.arange(9).expand(2, 9)
     out = d(h, ids, pos)
     cos, sin = d.rope(pos, h)
-    torch.testing.assert_close(_draft_hidden_step(d, d.embed(ids), h, cos, sin, TTTAttend()), out.hidden)
+    torch.testing.assert_close(d.step(h, TTTAttend(), embeds=d.embed(ids), rope=(cos, sin)), out.hidden)
 
 
 def naive_unroll(draft, target, samples, steps):
@@ -285,7 +289,7 @@ def naive_unroll(draft, target, samples, steps):
 
 def test_unroll_matches_the_naive_alignment(tiny_llama_target, dumps):
     from specwire.data.dump import open_dump
-    from specwire.training.trainer import collate
+    from specwire.training.ttt import collate
 
     samples = list(open_dump(dumps["heldout"]).iter_samples(None))[:5]
     for vocab in (None, 200):  # full vocab, and a draft vocab smaller than the target's
@@ -303,7 +307,7 @@ def test_unroll_matches_the_naive_alignment(tiny_llama_target, dumps):
 
 def test_loss_is_the_step_weighted_mean_kl(tiny_llama_target, dumps):
     from specwire.data.dump import open_dump
-    from specwire.training.trainer import collate
+    from specwire.training.ttt import collate
 
     samples = list(open_dump(dumps["heldout"]).iter_samples(None))[:4]
     d = tiny_draft(tiny_llama_target)
@@ -400,7 +404,7 @@ def test_mismatched_dump_is_refused_naming_the_difference(dumps, tiny_target, tm
 
 def test_several_dumps_merge_and_a_misfit_is_refused(dumps, tiny_target, tiny_llama_target, tmp_path):
     from specwire.data.dump import open_dump
-    from specwire.training.trainer import load_run_data
+    from specwire.training.batches import load_run_data
 
     a, b = open_dump(dumps["train"]), open_dump(dumps["small"])
     data = load_run_data(base_config([dumps["train"], dumps["small"]], tmp_path / "m"), tiny_llama_target)

@@ -2,7 +2,7 @@
 
 Measures, alternating the two in every repeat so that machine load hits both alike:
   bare     model.base_model(input_ids) on right-padded batches, no hooks, no lm_head: the floor;
-  capture  datagen's capture path (`specwire.data.datagen._capture_packed`, which `capture_batch` splits):
+  capture  datagen's capture path (`specwire.target.capture.capture_packed`, which `capture_batch` splits):
            the same forward with hs hooks, fusing the states, casting them to the dump dtype, and
            moving them to host memory (a no-op on CPU);
 and prints tokens/s of each and capture / bare (the requirement: >= 0.90).
@@ -11,7 +11,7 @@ The batches are real: the conversations (prompt + the target's own answer) of a 
 (--conversations DIR/conversations.jsonl), or the templated prompts of a prompt source
 (--prompts mt-bench), batched as datagen batches them (similar lengths, --batch-size rows).
 
-  python bench/capture_throughput.py --conversations /tmp/dg-mt/conversations.jsonl --repeats 7
+  python tools/capture_throughput.py --conversations /tmp/dg-mt/conversations.jsonl --repeats 7
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import time
 
 import torch
 
-from specwire.data.datagen import _capture_packed, plan_capture_batches
+from specwire.data.datagen import plan_capture_batches
 from specwire.data.dump import DUMP_DTYPES, read_conversations
+from specwire.target.capture import capture_packed
 from specwire.target.load import BUILTIN_TARGET, load_target
 from specwire.wiring import default_hs_ids
 
@@ -84,8 +85,8 @@ def main() -> None:
     @torch.inference_mode()
     def capture() -> None:
         for rows, _ in batches:
-            h, lh, _ = _capture_packed(target, rows, hs_ids, dtype=dump_dtype)
-            h.to("cpu"), lh.to("cpu")
+            cap = capture_packed(target, rows, hs_ids, dtype=dump_dtype)
+            cap.hidden.to("cpu"), cap.last_hidden.to("cpu")
         sync(device)
 
     def timed(fn) -> float:

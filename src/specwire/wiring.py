@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from specwire.errors import SpecwireError, WiringMismatch
@@ -115,6 +115,70 @@ def from_convention(ids, num_layers: int, convention: str, *, sglang_version: st
     if convention not in _FROM:
         raise SpecwireError(f"unknown id convention '{convention}'; expected one of {list(CONVENTIONS)}.")
     return _FROM[convention](ids, num_layers)
+
+
+def hs_to_sglang_ids(hs_ids, num_layers: int, *, sglang_version: str = DEFAULT_SGLANG_VERSION) -> list[int]:
+    """The `eagle_config` ids that SGLang `sglang_version` reads back as exactly `hs_ids`.
+
+    classic: id = hs - 1 (hs 0 -> -1). shift-if-one: the +1 applies only when the first id is 1, so
+    hs lists starting at 2 are written classically, others as plain hs indices; a list starting at
+    hs 1 cannot be expressed on that version.
+    """
+    if sglang_version not in SGLANG_VERSIONS:
+        raise SpecwireError(f"unknown SGLang version rule '{sglang_version}'; expected one of {list(SGLANG_VERSIONS)}.")
+    hs = [int(i) for i in hs_ids]
+    validate_hs_ids(hs, num_layers)
+    if sglang_version == "classic" or (hs and hs[0] == 2):
+        ids = [i - 1 for i in hs]
+    elif hs and hs[0] == 1:
+        raise SpecwireError(
+            f"hs ids {hs} cannot be written for SGLang '{sglang_version}': an id list starting with 1 is shifted "
+            "(read as hs 2...), and any other first id is read unshifted, so hs 1 first is unreachable.",
+            fix="reorder is not possible (fc weights are tied to the order); serve on a 'classic' SGLang or retrain with another wiring.",
+        )
+    else:
+        ids = list(hs)
+    assert sglang_to_hs(ids, num_layers, sglang_version=sglang_version) == hs
+    return ids
+
+
+def sglang_readings(ids, num_layers: int) -> dict[str, list[int] | None]:
+    """How each SGLang version rule reads `ids` (None where that reading is out of range)."""
+    out: dict[str, list[int] | None] = {}
+    for v in SGLANG_VERSIONS:
+        try:
+            out[v] = sglang_to_hs(ids, num_layers, sglang_version=v)
+        except SpecwireError:
+            out[v] = None
+    return out
+
+
+def num_hs_indices(num_layers: int) -> int:
+    """How many hs indices a target with `num_layers` decoder layers has: 0..L, so L + 1."""
+    return int(num_layers) + 1
+
+
+# The mix-ups between a trained and a served wiring that have names (see `classify_wiring`).
+WIRING_MIXUPS: tuple[str, ...] = ("match", "permutation", "shift-plus-one", "shift-minus-one", "embedding-first",
+                                  "embedding-dropped", "different")
+
+
+def classify_wiring(trained, served, num_layers: int) -> str:
+    """Name the mix-up between the trained and the served hs ids (one of `WIRING_MIXUPS`)."""
+    t, s = [int(i) for i in trained], [int(i) for i in served]
+    if t == s:
+        return "match"
+    if sorted(t) == sorted(s):
+        return "permutation"
+    if s == [i + 1 for i in t]:
+        return "shift-plus-one"  # SGLang's +1 applied on ids that were already hs indices
+    if s == [i - 1 for i in t]:
+        return "shift-minus-one"  # the +1 not applied (SpecForge ids read as hs indices)
+    if s and t and s[0] == 0 and s[1:] == t[:-1]:
+        return "embedding-first"  # the incident: embeddings prepended, the last trained state dropped
+    if s and t and t[0] == 0 and t[1:] == s[:-1]:
+        return "embedding-dropped"  # trained with embeddings first, served without them
+    return "different"
 
 
 def all_conventions(hs_ids, num_layers: int) -> dict[str, list[int]]:

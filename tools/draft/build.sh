@@ -51,7 +51,7 @@ echo "[5/5] bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/ass
 "$BIN/python" - "$RUN/train/draft" "$RUN/ship" <<'PY'
 import json, sys
 import torch
-from specwire.draft.model import load_draft, save_draft
+from specwire.draft.checkpoint import load_draft, save_draft
 src, dst = sys.argv[1:]
 training = json.load(open(f"{src}/config.json"))["specwire"].get("training")
 save_draft(load_draft(src), dst, dtype=torch.bfloat16, extra={"training": training} if training else None,

@@ -5,7 +5,8 @@ per finished prompt holding every method's run on it and when it was measured), 
 durably (flush + fsync; a partial last line left by a crash is cut on resume), and refusing to resume a
 record made with other settings or on another machine, naming what differs.
 
-Does not own: running the methods or summarising them (`bench`).
+Does not own: running the methods (`bench.run`), the settings themselves (`bench.config`) or
+summarising the runs (`bench.summary`).
 
 The unit of resumption is a whole prompt: all methods of a prompt are timed in one process, one after
 another, so a resumed run stays side by side. Timings from different machines never mix: the record
@@ -19,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from specwire.errors import SpecwireError
 from specwire.safeio import append_line, cut_partial_line, write_text
@@ -103,16 +104,20 @@ def read_record(path: Path) -> RunRecord:
 
 
 def resume_record(path: Path, *, settings: Mapping[str, Any], machine: Mapping[str, Any],
-                  prompt_tokens: Mapping[str, int], methods: Sequence[str]) -> RunRecord | None:
+                  prompt_tokens: Mapping[str, int], methods: Sequence[str],
+                  upgrade: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None) -> RunRecord | None:
     """The record of the runs already measured for this bench, restricted to its prompts; None when there is none.
 
     Refuses (SpecwireError) a record made with other settings or on another machine, or one whose
     prompts no longer match the prompt source (`prompt_tokens`: id -> templated length now). Recorded
     prompts outside `prompt_tokens` (a smaller --limit) are left out of the answer, not dropped from the file.
+    `upgrade` restates the recorded settings in today's terms before they are compared (older records).
     """
     if not path.exists():
         return None
     rec = read_record(path)
+    if upgrade is not None:
+        rec.settings = upgrade(rec.settings)
     diffs = _differences(rec.settings, settings)
     if diffs:
         raise SpecwireError(f"{path} records a bench with other settings ({'; '.join(diffs)}).", fix=FRESH_FIX)

@@ -1,16 +1,15 @@
 """How benchmark results look: the Markdown table, the run's results.md, the terminal summary, the PNG.
 
-Owns rendering only; the numbers come ready-made in a `bench.BenchReport` (this module computes
-nothing but formatting). The plot uses matplotlib's Agg backend (no display needed).
+Owns rendering only; the numbers come ready-made in a `bench.config.BenchReport` (this module
+computes nothing but formatting). Does not run or summarise anything (`bench.run`, `bench.summary`).
+The plot uses matplotlib's Agg backend (no display needed).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from specwire.bench.run import BenchReport
+from specwire.bench.config import BenchReport
 
 
 def _num(x, fmt: str = "{:.1f}", none: str = "–") -> str:
@@ -19,7 +18,7 @@ def _num(x, fmt: str = "{:.1f}", none: str = "–") -> str:
     return fmt.format(x)
 
 
-def render_table(report: "BenchReport") -> str:
+def render_table(report: BenchReport) -> str:
     """The results as one Markdown table (one row per method)."""
     rows = [
         "| method | tok/s | vs hf-generate | vs plain | accept length | tokens/forward | lossless | draft / verify / other (s) |",
@@ -38,7 +37,7 @@ def render_table(report: "BenchReport") -> str:
     return "\n".join(rows)
 
 
-def render_positions(report: "BenchReport") -> str:
+def render_positions(report: BenchReport) -> str:
     """Acceptance per draft position for the draft methods, as a Markdown table ('' when none)."""
     rows = [r for r in report.results if r.accept_per_position]
     if not rows:
@@ -52,7 +51,7 @@ def render_positions(report: "BenchReport") -> str:
     return "\n".join(out)
 
 
-def render_profile(report: "BenchReport", *, goal: float = 2.5) -> str:
+def render_profile(report: BenchReport, *, goal: float = 2.5) -> str:
     """Where a draft method's time goes, in units of one plain decoding step ('' without draft methods).
 
     Per verify round (one target pass plus the draft steps before it): ms in verify, draft and the rest, and
@@ -79,7 +78,7 @@ def render_profile(report: "BenchReport", *, goal: float = 2.5) -> str:
     return "\n".join(out) + f"\n\nplain: {plain_ms:.1f} ms per token" + (f"; hf-generate: {hf_ms:.1f} ms" if hf_ms else "")
 
 
-def speedup_sentence(report: "BenchReport") -> str:
+def speedup_sentence(report: BenchReport) -> str:
     """One line stating the best draft method's speed-up over both baselines (or why there is none)."""
     best = report.best_draft_method
     if best is None:
@@ -97,7 +96,7 @@ def speedup_sentence(report: "BenchReport") -> str:
     return f"best: {best.method} at {best.tokens_per_s:.1f} tok/s = {' and '.join(parts)}{acc}; {loss}."
 
 
-def render_summary(report: "BenchReport") -> str:
+def render_summary(report: BenchReport) -> str:
     """What `specwire bench` prints: the table, per-position acceptance, the speed-up line, the folder."""
     c = report.config
     head = (f"{report.config.prompts}: {len(report.prompt_ids)} prompts, {c.max_new_tokens} new tokens, "
@@ -113,7 +112,7 @@ def render_summary(report: "BenchReport") -> str:
     return "\n".join(parts)
 
 
-def render_markdown(report: "BenchReport") -> str:
+def render_markdown(report: BenchReport) -> str:
     """The full results.md of a run: table, acceptance, command, settings, machine."""
     c, m = report.config, report.machine
     lines = [f"# specwire bench: {c.prompts}", "", render_table(report), ""]
@@ -155,7 +154,7 @@ def render_markdown(report: "BenchReport") -> str:
     return "\n".join(lines)
 
 
-def save_plot(report: "BenchReport", path: str | Path) -> Path:
+def save_plot(report: BenchReport, path: str | Path) -> Path:
     """Two panels: tok/s per method (bars), and acceptance per draft position (eagle3 methods)."""
     import matplotlib
 

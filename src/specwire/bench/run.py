@@ -1,315 +1,44 @@
-"""Side-by-side benchmark of decoding methods: `specwire bench`.
+"""Running a side-by-side benchmark of decoding methods (`specwire bench`, `specwire demo`).
 
-Owns: `BenchConfig`, running every method on the same prompts in one process (same dtype, same
-thread count, prompt-major interleaving after a short warm-up), the lossless check of every
-method's output against plain greedy decoding, resuming an interrupted run from its record
-(`benchlog`), the aggregate numbers (tok/s, accept length, acceptance per draft position,
-draft/verify/other time, speed-ups over `hf-generate` and over `plain`), the run folder
-(results.md / results.png / results.json) and the `bench` subcommand.
+Owns: running every method on the same prompts in one process (same dtype, same thread count,
+prompt-major interleaving with the method order rotated per prompt, after a short warm-up), the
+method runners, the machine description a record is tied to, resuming an interrupted run from its
+record (`bench.record`), and writing the run folder (results.md / results.png / results.json).
 
-Does not own: the decoding itself (`plain`, `engine`, transformers' `generate`), prompt sets
-(`prompts`), or how a report looks (`report`: Markdown table, plot).
-
-Methods:
-- `hf-generate`: transformers `generate`, greedy, batch 1 (the baseline a user already has);
-- `hf-prompt-lookup`: the same with `prompt_lookup_num_tokens=10` (n-gram drafting from the prompt);
-- `plain`: `specwire.decode.plain.plain_generate`, our own KV-cached loop and the greedy oracle;
-- `eagle3-chain`, `eagle3-tree`: `specwire.decode.engine.speculative_generate` with the draft.
+Does not own: the decoding itself (`decode.plain`, `decode.engine`, transformers' `generate`), the
+configuration and result types (`bench.config`), the summary maths (`bench.summary`), prompt sets
+(`data.prompts`), how a report looks (`bench.report`), or the command line (`cli.bench`).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as _dt
 import os
 import platform
 import re
-import shlex
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 
+from specwire.bench.config import (
+    DRAFT_METHODS,
+    PROMPT_LOOKUP_TOKENS,
+    REFERENCE,
+    BenchConfig,
+    BenchReport,
+    PromptRun,
+    upgrade_settings,
+)
 from specwire.bench.record import RUNS_FILE, append_prompt, resume_record, start_record
+from specwire.bench.summary import summarize
+from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
+from specwire.decode.plain import check_request, plain_generate
 from specwire.errors import SpecwireError
-
-METHODS = ("hf-generate", "hf-prompt-lookup", "plain", "eagle3-chain", "eagle3-tree")
-# BenchConfig fields a resumed run may change: a larger limit extends a run with more prompts.
-RESUME_FREE_FIELDS = ("limit", "out_dir", "resume", "progress", "command")
-DRAFT_METHODS = ("eagle3-chain", "eagle3-tree")
-REFERENCE = "plain"  # every method's output is compared with this one's (greedy oracle)
-BASELINE = "hf-generate"
-PROMPT_LOOKUP_TOKENS = 10  # n-gram candidates per step for hf-prompt-lookup
-
-
-def parse_methods(text: str | Sequence[str]) -> tuple[str, ...]:
-    """'a,b,c' or a list -> validated tuple of method names, in the order given, no duplicates."""
-    items = [m.strip() for m in (text.split(",") if isinstance(text, str) else text)]
-    items = [m for m in items if m]
-    unknown = [m for m in items if m not in METHODS]
-    if unknown or not items:
-        raise SpecwireError(
-            f"--methods: unknown method(s) {unknown} in {text!r}; expected a comma-separated subset of {', '.join(METHODS)}."
-            if unknown else "--methods: no method given.",
-            fix=f"--methods {','.join(METHODS)}",
-        )
-    seen: list[str] = []
-    for m in items:
-        if m not in seen:
-            seen.append(m)
-    return tuple(seen)
-
-
-@dataclass
-class BenchConfig:
-    """What to benchmark. Everything a run depends on is here, so a report can be reproduced."""
-
-    target: str = "smollm2-135m"  # built-in target name or HF folder
-    draft: str | None = "smollm2-135m-eagle3"  # draft folder or shipped name; needed only by eagle3 methods
-    prompts: str = "mt-bench"  # "mt-bench", "humaneval" or a JSONL path (see specwire.data.prompts)
-    limit: int | None = None  # first N prompts (None = all)
-    max_new_tokens: int = 128  # per prompt and method
-    methods: tuple[str, ...] = METHODS  # subset of METHODS; `plain` is always run (it is the oracle)
-    num_steps: int | None = None  # draft depth (None: the engine's SpecConfig default)
-    topk: int | None = None  # tree branching per step (None: engine default)
-    num_draft_tokens: int | None = None  # tree budget of draft tokens per verify pass (None: engine default)
-    device: str | None = None  # torch device (None: cuda when available, else cpu)
-    dtype: str = "float32"  # weights dtype, the same for every method
-    linear: str = "torch"  # the target's linear layers ("torch" or "pretransposed"), shared by every method
-    threads: int | None = None  # torch CPU threads (None: leave torch's setting)
-    warmup_tokens: int = 16  # new tokens per method on the first prompt before timing (0 = no warm-up)
-    out_dir: str | None = None  # run folder (None: runs/bench-<prompts>-<timestamp>/); "" = write nothing
-    resume: bool = True  # continue the record (runs.jsonl) an interrupted run left in out_dir; False: measure afresh
-    progress: bool = True  # tqdm progress bar on stderr
-    command: str | None = None  # the command line recorded in results.md (None: `cli_command()`)
-
-    def __post_init__(self):
-        self.methods = parse_methods(self.methods)
-        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
-            raise SpecwireError(f"BenchConfig.max_new_tokens: expected a positive integer, found {self.max_new_tokens!r}.")
-        if self.limit is not None and (not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit < 1):
-            raise SpecwireError(f"BenchConfig.limit: expected a positive integer or None, found {self.limit!r}.")
-        for name in ("num_steps", "topk", "num_draft_tokens", "threads"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise SpecwireError(f"BenchConfig.{name}: expected a positive integer or None, found {v!r}.",
-                                    fix=f"--{name.replace('_', '-')} 4")
-        if not isinstance(self.warmup_tokens, int) or self.warmup_tokens < 0:
-            raise SpecwireError(f"BenchConfig.warmup_tokens: expected an integer >= 0, found {self.warmup_tokens!r}.")
-        if self.needs_draft and not self.draft:
-            raise SpecwireError(f"methods {[m for m in self.methods if m in DRAFT_METHODS]} need a draft; none given.",
-                                fix="pass --draft DIR, or leave eagle3-chain/eagle3-tree out of --methods.")
-
-    @property
-    def needs_draft(self) -> bool:
-        return any(m in DRAFT_METHODS for m in self.methods)
-
-    @property
-    def run_methods(self) -> tuple[str, ...]:
-        """The methods actually run: the requested ones, plus `plain` (the oracle) if it was left out."""
-        return self.methods if REFERENCE in self.methods else self.methods + (REFERENCE,)
-
-    def cli_command(self) -> str:
-        """A `specwire bench` command line that reproduces this configuration, every setting explicit."""
-        argv = ["specwire", "bench", "--target", self.target, "--prompts", self.prompts]
-        if self.needs_draft:
-            argv += ["--draft", str(self.draft)]
-        if self.limit is not None:
-            argv += ["--limit", str(self.limit)]
-        argv += ["--max-new-tokens", str(self.max_new_tokens), "--methods", ",".join(self.methods)]
-        for name in ("num_steps", "topk", "num_draft_tokens", "device", "threads"):
-            if getattr(self, name) is not None:
-                argv += [f"--{name.replace('_', '-')}", str(getattr(self, name))]
-        argv += ["--dtype", self.dtype, "--linear", self.linear, "--warmup-tokens", str(self.warmup_tokens)]
-        return shlex.join(argv)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["methods"] = list(self.methods)
-        return d
-
-    def resume_settings(self) -> dict[str, Any]:
-        """The settings a resumed run must share with the record (where it writes and how many prompts may differ)."""
-        return {k: v for k, v in self.to_dict().items() if k not in RESUME_FREE_FIELDS}
-
-
-# ---- results ---------------------------------------------------------------------------------------
-
-@dataclass
-class PromptRun:
-    """One method on one prompt."""
-
-    method: str
-    prompt_id: str
-    prompt_tokens: int  # length of the chat-templated prompt
-    output_ids: list[int]  # generated ids (EOS included when hit)
-    seconds: float  # wall time of the generation call
-    target_forwards: int | None  # target passes, prefill included (None when unknown)
-    stop_reason: str  # "eos" | "length"
-    extra: dict = field(default_factory=dict)  # engine metrics (accept_length, accept_per_position, draft_s, ...)
-
-    def summary(self) -> dict[str, Any]:
-        return {"method": self.method, "prompt_id": self.prompt_id, "prompt_tokens": self.prompt_tokens,
-                "new_tokens": len(self.output_ids), "seconds": self.seconds, "target_forwards": self.target_forwards,
-                "stop_reason": self.stop_reason, "accept_length": self.extra.get("accept_length")}
-
-
-@dataclass
-class MethodResult:
-    """Aggregate of one method over all prompts of a run."""
-
-    method: str
-    tokens: int  # generated tokens, all prompts
-    seconds: float  # generation wall time, all prompts
-    tokens_per_s: float  # tokens / seconds
-    target_forwards: int | None  # target passes, all prompts (None when unknown)
-    tokens_per_forward: float | None  # tokens / target_forwards
-    accept_length: float | None  # mean tokens per verify pass (accepted drafts + bonus); None without a draft
-    accept_per_position: list[float] | None  # position k: accepted / reached over verify passes (0 first); None without a draft
-    lossless: bool  # output identical to plain greedy on every prompt
-    mismatches: int  # prompts whose output differs from plain greedy
-    first_mismatch: dict | None  # {"prompt_id", "position"} of the first difference, if any
-    time_split: dict | None  # {"draft_s", "verify_s", "other_s", "verify_passes"} summed, for draft methods
-    speedup_vs_hf: float | None = None  # tokens_per_s / hf-generate's (None when not run)
-    speedup_vs_plain: float | None = None  # tokens_per_s / plain's
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class BenchReport:
-    """Everything `bench` reports; `to_dict` is the `--json` object (stable keys: DESIGN.md)."""
-
-    config: BenchConfig
-    results: list[MethodResult]  # in the order of config.methods (+ plain when added as oracle)
-    prompt_ids: list[str]  # ids of the prompts used, in order
-    machine: dict[str, Any]  # torch version, threads, CPU model, device, dtype
-    spec: dict[str, Any] | None  # the engine's SpecConfig used by eagle3 methods
-    runs: list[PromptRun]  # every (method, prompt) run, in execution order
-    notes: list[str] = field(default_factory=list)  # things a reader must know (oracle added, ...)
-    run_dir: str | None = None  # where results.md/png/json were written
-
-    def result(self, method: str) -> MethodResult | None:
-        return next((r for r in self.results if r.method == method), None)
-
-    @property
-    def best_draft_method(self) -> MethodResult | None:
-        cands = [r for r in self.results if r.method in DRAFT_METHODS]
-        return max(cands, key=lambda r: r.tokens_per_s) if cands else None
-
-    def to_dict(self) -> dict[str, Any]:
-        reference = {r.prompt_id: r.output_ids for r in self.runs if r.method == REFERENCE}
-        return {
-            "results": [
-                {"method": r.method, "tokens_per_s": r.tokens_per_s, "accept_length": r.accept_length,
-                 "lossless": r.lossless, "speedup_vs_hf": r.speedup_vs_hf, "speedup_vs_plain": r.speedup_vs_plain,
-                 "tokens": r.tokens, "seconds": r.seconds, "target_forwards": r.target_forwards,
-                 "tokens_per_forward": r.tokens_per_forward, "accept_per_position": r.accept_per_position,
-                 "mismatches": r.mismatches, "first_mismatch": r.first_mismatch, "time_split": r.time_split}
-                for r in self.results
-            ],
-            "prompts": self.config.prompts,
-            "n_prompts": len(self.prompt_ids),
-            "max_new_tokens": self.config.max_new_tokens,
-            "target": self.config.target,
-            "draft": self.config.draft if self.config.needs_draft else None,
-            "spec": self.spec,
-            "machine": self.machine,
-            "prompt_ids": self.prompt_ids,
-            "notes": self.notes,
-            "command": self.config.command or self.config.cli_command(),
-            "run_dir": self.run_dir,
-            "per_prompt": [{**r.summary(), "matches_plain": reference.get(r.prompt_id) == r.output_ids} for r in self.runs],
-        }
-
-
-# ---- the maths of the summary (pure) -----------------------------------------------------------------
-
-def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first position where two id lists differ (length counts), or None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def weighted_positions(rows: Sequence[Sequence[float]], weights: Sequence[float]) -> list[float]:
-    """Per-position mean of rate rows of possibly different lengths, each row weighted (by its passes)."""
-    width = max((len(r) for r in rows), default=0)
-    out = []
-    for i in range(width):
-        num = sum(r[i] * w for r, w in zip(rows, weights) if i < len(r))
-        den = sum(w for r, w in zip(rows, weights) if i < len(r))
-        out.append(num / den if den > 0 else 0.0)
-    return out
-
-
-def _sum_rows(rows: Sequence[Sequence[float]]) -> list[float]:
-    width = max((len(r) for r in rows), default=0)
-    return [float(sum(r[i] for r in rows if i < len(r))) for i in range(width)]
-
-
-def summarize_method(method: str, runs: Sequence[PromptRun], reference: dict[str, list[int]]) -> MethodResult:
-    """Aggregate one method's runs; `reference` maps prompt id -> plain greedy output ids."""
-    tokens = sum(len(r.output_ids) for r in runs)
-    seconds = sum(r.seconds for r in runs)
-    fwd = None if any(r.target_forwards is None for r in runs) else sum(r.target_forwards for r in runs)
-    mismatches, first = 0, None
-    for r in runs:
-        pos = first_difference(r.output_ids, reference[r.prompt_id])
-        if pos is not None:
-            mismatches += 1
-            first = first or {"prompt_id": r.prompt_id, "position": pos}
-    accept = per_pos = split = None
-    if method in DRAFT_METHODS:
-        # Weight each request by its verify passes so the aggregate keeps the engine's definition.
-        passes = [float(r.extra.get("num_verify_passes") or 0) for r in runs]
-        if all("accept_length" in r.extra for r in runs) and sum(passes) > 0:
-            accept = sum(float(r.extra["accept_length"]) * p for r, p in zip(runs, passes)) / sum(passes)
-        elif fwd:
-            accept = tokens / fwd
-        if all("accept_counts" in r.extra and "reach_counts" in r.extra for r in runs):
-            # exact: accepted / reached, summed over requests
-            acc, reach = _sum_rows([r.extra["accept_counts"] for r in runs]), _sum_rows([r.extra["reach_counts"] for r in runs])
-            per_pos = [a / n if n > 0 else 0.0 for a, n in zip(acc, reach)]
-        else:
-            rows = [r.extra.get("accept_per_position") or [] for r in runs]
-            per_pos = weighted_positions(rows, passes if sum(passes) > 0 else [1.0] * len(rows))
-        split = {k: sum(float(r.extra.get(k) or 0.0) for r in runs) for k in ("draft_s", "verify_s", "other_s")}
-        split["verify_passes"] = int(sum(passes))
-    return MethodResult(
-        method=method, tokens=tokens, seconds=seconds,
-        tokens_per_s=tokens / seconds if seconds > 0 else float("nan"),
-        target_forwards=fwd, tokens_per_forward=(tokens / fwd) if fwd else None,
-        accept_length=accept, accept_per_position=per_pos,
-        lossless=mismatches == 0, mismatches=mismatches, first_mismatch=first, time_split=split,
-    )
-
-
-def add_speedups(results: Sequence[MethodResult]) -> None:
-    """Fill speedup_vs_hf and speedup_vs_plain from the tok/s of the same run (None when a baseline is absent)."""
-    by = {r.method: r for r in results}
-    for r in results:
-        for attr, base in (("speedup_vs_hf", BASELINE), ("speedup_vs_plain", REFERENCE)):
-            b = by.get(base)
-            ok = b is not None and b.tokens_per_s > 0 and r.tokens_per_s == r.tokens_per_s
-            setattr(r, attr, r.tokens_per_s / b.tokens_per_s if ok else None)
-
-
-def summarize(runs: Sequence[PromptRun], methods: Sequence[str]) -> list[MethodResult]:
-    """All methods' results from the raw runs (reference = `plain`), speed-ups included."""
-    reference = {r.prompt_id: r.output_ids for r in runs if r.method == REFERENCE}
-    if not reference:
-        raise SpecwireError("bench: no plain reference run; the lossless check needs `plain`.")
-    results = [summarize_method(m, [r for r in runs if r.method == m], reference) for m in methods]
-    add_speedups(results)
-    return results
 
 
 # ---- machine -------------------------------------------------------------------------------------------
@@ -393,8 +122,6 @@ def _hf_runner(target, *, prompt_lookup: bool) -> Runner:
 
 
 def _plain_runner(target) -> Runner:
-    from specwire.decode.plain import plain_generate
-
     def run(prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
         _sync(target.device)
         res = plain_generate(target, prompt_ids, max_new_tokens=max_new_tokens)
@@ -405,8 +132,9 @@ def _plain_runner(target) -> Runner:
     return run
 
 
-def _engine_runner(target, draft, spec, *, tree: bool) -> Runner:
-    from specwire.decode.engine import speculative_generate
+def _engine_runner(target, draft, spec: SpecConfig, *, tree: bool) -> Runner:
+    """`speculative_generate` with `spec`'s knobs, drafting a tree or a chain as the method says."""
+    spec = dataclasses.replace(spec, tree=tree)
 
     def run(prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
         _sync(target.device)
@@ -418,21 +146,8 @@ def _engine_runner(target, draft, spec, *, tree: bool) -> Runner:
     return run
 
 
-def make_spec(config: BenchConfig):
-    """The engine's SpecConfig with the overrides of `config` (engine defaults for the rest)."""
-    from specwire.decode.engine import SpecConfig
-
-    overrides = {k: getattr(config, k) for k in ("num_steps", "topk", "num_draft_tokens") if getattr(config, k) is not None}
-    return SpecConfig(**overrides)
-
-
 def load_bench_draft(config: BenchConfig, target):
     """The draft for eagle3 methods, loaded and checked against the target by the engine."""
-    try:
-        from specwire.decode.engine import load_engine_draft
-    except ImportError as e:
-        raise SpecwireError(f"methods eagle3-chain/eagle3-tree need specwire.decode.engine, which failed to import ({e}).",
-                            fix="run the other methods: --methods hf-generate,hf-prompt-lookup,plain") from None
     try:
         return load_engine_draft(config.draft, target)
     except SpecwireError as e:
@@ -470,7 +185,7 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
         raise SpecwireError(f"prompt source {config.prompts!r} holds no prompts.")
     if target is None:
         target = load_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear)
-    spec = None
+    spec = None  # the knobs the eagle3 methods use, as the report states them
     runners: dict[str, Runner] = {}
     for m in config.run_methods:
         if m in ("hf-generate", "hf-prompt-lookup"):
@@ -480,15 +195,13 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     if config.needs_draft:
         if draft is None:
             draft = load_bench_draft(config, target)
-        spec = make_spec(config)
+        spec = config.spec_settings()
         for m in DRAFT_METHODS:
             if m in config.run_methods:
-                runners[m] = _engine_runner(target, draft, spec, tree=m == "eagle3-tree")
+                runners[m] = _engine_runner(target, draft, config.spec, tree=m == "eagle3-tree")
     notes: list[str] = []
     if REFERENCE not in config.methods:
         notes.append("plain was added to the run: it is the greedy oracle of the lossless check.")
-
-    from specwire.decode.plain import check_request
 
     encoded = []
     for rec in records:  # every prompt checked before any timing starts
@@ -539,11 +252,8 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     fallbacks = sorted({str(r.extra["tree_fallback"]) for r in runs if r.extra.get("tree_fallback")})
     if fallbacks:
         notes.append("eagle3-tree ran as a chain on this target: " + "; ".join(fallbacks))
-    spec_dict = None
-    if spec is not None and dataclasses.is_dataclass(spec):
-        spec_dict = {k: v for k, v in dataclasses.asdict(spec).items() if k != "tree"}  # the method picks chain/tree
     report = BenchReport(
-        config=config, results=results, prompt_ids=[pid for pid, _ in encoded], machine=machine, spec=spec_dict,
+        config=config, results=results, prompt_ids=[pid for pid, _ in encoded], machine=machine, spec=spec,
         runs=runs, notes=notes,
     )
     if out is not None:
@@ -562,7 +272,8 @@ def _open_record(config: BenchConfig, out: Path | None, machine: dict, encoded,
     done, when = {}, ""
     if config.resume:
         recorded = resume_record(path, settings=settings, machine=machine,
-                                 prompt_tokens={pid: len(ids) for pid, ids in encoded}, methods=methods)
+                                 prompt_tokens={pid: len(ids) for pid, ids in encoded}, methods=methods,
+                                 upgrade=upgrade_settings)
         if recorded is not None:
             done = {pid: [_prompt_run(r, path) for r in runs] for pid, runs in recorded.prompts.items()}
             when = recorded.sittings()
@@ -597,55 +308,3 @@ def write_run_folder(report: BenchReport, out: Path) -> Path:
     write_text(out / "results.md", render_markdown(report))
     save_plot(report, out / "results.png")
     return out
-
-
-# ---- CLI ---------------------------------------------------------------------------------------------
-
-def add_cli(sub) -> None:
-    from specwire.cli import add_json_option, add_model_options
-
-    p = sub.add_parser(
-        "bench", help="side-by-side speed, acceptance and losslessness of decoding methods",
-        description="Run hf-generate, hf-prompt-lookup, plain, eagle3-chain and eagle3-tree on the same prompts in one "
-        "run (same dtype and threads, prompt-major interleaving, warm-up first). Every output is compared with plain "
-        "greedy decoding (lossless column); speed-ups are given over hf-generate and over plain. Writes results.md, "
-        "results.png and results.json into the run folder, and records every finished prompt in runs.jsonl there: "
-        "rerunning an interrupted command resumes it (same settings and machine only).")
-    add_model_options(p, draft=True, linear=True)
-    p.add_argument("--prompts", default="mt-bench", help="mt-bench, humaneval, or a JSONL file (default: %(default)s)")
-    p.add_argument("--limit", type=int, default=None, help="first N prompts (default: all)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of: %(default)s")
-    p.add_argument("--num-steps", type=int, default=None, help="draft depth (default: the engine's)")
-    p.add_argument("--topk", type=int, default=None, help="tree branching per step (default: the engine's)")
-    p.add_argument("--num-draft-tokens", type=int, default=None, help="tree budget of draft tokens (default: the engine's)")
-    p.add_argument("--warmup-tokens", type=int, default=16, help="warm-up tokens per method before timing (default: %(default)s)")
-    p.add_argument("--out", default=None, help="run folder (default: runs/bench-<prompts>-<timestamp>/). A run "
-                   "interrupted there resumes when the same command is rerun; a larger --limit extends a finished one")
-    p.add_argument("--fresh", action="store_true", help="measure every prompt again, ignoring what --out has recorded")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_json_option(p)
-    p.set_defaults(func=cmd_bench)
-
-
-def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    return BenchConfig(
-        target=args.target, draft=args.draft, prompts=args.prompts, limit=args.limit,
-        max_new_tokens=args.max_new_tokens, methods=parse_methods(args.methods), num_steps=args.num_steps,
-        topk=args.topk, num_draft_tokens=args.num_draft_tokens, device=args.device, dtype=args.dtype,
-        linear=args.linear, threads=args.threads, warmup_tokens=args.warmup_tokens, out_dir=args.out, resume=not args.fresh,
-        progress=not args.no_progress,
-        command=None,  # results.md records the equivalent command with every setting explicit
-    )
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from specwire.cli import emit_json
-    from specwire.bench.report import render_summary
-
-    report = run_bench(config_from_args(args))
-    if args.json:
-        emit_json(report.to_dict())
-    else:
-        print(render_summary(report))
-    return 0

@@ -1,35 +1,36 @@
-"""The `specwire` command line: a thin layer over library functions.
+"""The `specwire` command line: the top of the stack, and nothing but a front end.
 
-Owns: argument parsing, the shared options (`--device`, `--dtype`, `--json`), turning a
-`SpecwireError` into one line on stderr and exit code 2 (no traceback for user mistakes), and the
-registry of subcommands. Each subcommand's module registers itself with `add_cli(subparsers)` and
-its handler calls one library function that tests call too.
+Owns: the `specwire` parser, the registry of command modules, and turning a `SpecwireError` into
+one line on stderr and exit code 2 (no traceback for a user mistake). Each command group lives in
+its own module here (`cli/<group>.py`, with `add_cli(subparsers)`); each handler parses, makes one
+library call that a test can make too, and prints. Options shared by several commands, and the
+flags generated from config dataclasses, live in `cli/options.py` and `cli/spec.py`. No library
+module imports this package (`tests/test_architecture.py`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
-import os
 import sys
-from typing import Any
 
-from specwire.cli.options import add_draft_mode_option, add_json_option, add_model_options, emit_json  # noqa: F401 (re-exported)
 from specwire.errors import SpecwireError
 
 # Modules that contribute subcommands through `add_cli(subparsers)`, in help order.
 COMMAND_MODULES = [
-    "specwire.cli.commands",  # info, generate, demo
-    "specwire.data.datagen",
-    "specwire.training.trainer",
-    "specwire.training.evaluate",
-    "specwire.bench.run",
-    "specwire.interop.formats",  # export, import
-    "specwire.interop.launch",
-    "specwire.doctor.diagnose",  # doctor, dump-states
-    "specwire.server",
+    "specwire.cli.info",
+    "specwire.cli.generate",
+    "specwire.cli.demo",
+    "specwire.cli.datagen",
+    "specwire.cli.selfinstruct",
+    "specwire.cli.train",
+    "specwire.cli.eval",
+    "specwire.cli.bench",
+    "specwire.cli.convert",  # export, import
+    "specwire.cli.launch",  # launch-cmd
+    "specwire.cli.doctor",  # doctor, dump-states
+    "specwire.cli.serve",
 ]
 
 EPILOG = """\

@@ -1,14 +1,18 @@
-"""`specwire datagen`: self-distilled conversations and the hidden-state dump.
+"""Self-distilled conversations and the hidden-state dump: the two resumable phases of `specwire datagen`.
 
-Owns: writing a dump folder (layout and reading in `dump`), in two resumable phases:
+Owns: filling a dump folder, in two resumable phases:
   1. generate: the target answers every prompt in its own chat template (batched HF `generate`, left
      padding, greedy by default). The token ids it generated are stored as they are (never
-     re-tokenized), with a loss mask on them, one line per sample in conversations.jsonl.
+     re-tokenized), with a loss mask on them, one line per sample in conversations.jsonl. With
+     `generator` set, an OpenAI-compatible server writes the answers instead (`specwire.data.generator`:
+     its text is re-tokenized with the target's tokenizer, and the manifest says so).
   2. capture: one prefill pass of the target's decoder over each conversation (right padding, batches
-     of similar length, no lm_head) reads the fused hs ids and hs L through forward hooks;
-     samples are packed into safetensors shards of about `shard_tokens` tokens.
-`capture_batch` is the single capture code path: dump writing and the trainer's online mode both use
-it. Does not read dumps back (`dump`), build the vocab map (`vocab`) or load prompt sets (`prompts`).
+     of similar length, no lm_head) reads the fused hs ids and hs L through the one capture path
+     (`specwire.target.capture.capture_packed`, shared with online training); samples are packed
+     into safetensors shards of about `shard_tokens` tokens.
+Does not own the dump's layout, writing primitives or reading (`dump`), the capture itself
+(`target.capture`), the vocab map (`draft.vocab`), prompt sets (`prompts`) or the command line
+(`specwire.cli.datagen`).
 
 Resumability (a `kill -9` at any moment loses at most the work in flight):
   - the manifest is written first, so a folder is always recognisable; rerunning with another target,
@@ -25,12 +29,10 @@ with a warning naming them, and counted in the manifest; they are never truncate
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,20 +41,16 @@ from typing import Any, Sequence
 
 import torch
 
-from specwire.target.capture import capture_hidden_states
-from specwire.data.dump import (CONVERSATIONS, DUMP_DTYPES, DUMP_FORMAT, DUMP_FORMAT_VERSION, MANIFEST, SHARD_FORMAT, VOCAB_COUNTS,
-                   ShardEntry, check_conversation, parse_manifest, shard_name)
+from specwire.data.dump import (CONVERSATIONS, DUMP_DTYPES, DUMP_FORMAT, DUMP_FORMAT_VERSION, MANIFEST, VOCAB_COUNTS,
+                                ManifestWriter, check_conversation, clean_strays, parse_manifest, write_shard)
 from specwire.errors import SpecwireError
-from specwire.safeio import cut_partial_line, read_json, save_tensors, write_json
+from specwire.safeio import cut_partial_line, read_json, save_tensors
+from specwire.target.capture import capture_packed
 from specwire.target.load import BUILTIN_TARGET, Target, chat_template_hash, load_target, parse_dtype, tokenizer_fingerprint
 from specwire.wiring import Wiring, default_hs_ids, validate_hs_ids
 
 log = logging.getLogger("specwire")
 
-# Test-only crash hook: "conversations:N" (after N lines written by this process), "partial:N" (half of
-# line N+1 written), "shard-file:N" (shard file N+1 written, not yet in the manifest), "shards:N" (after
-# N shards and their manifest). The process then kills itself with SIGKILL, like `kill -9`.
-CRASH_ENV = "SPECWIRE_TEST_CRASH"
 # Options that may change between a run and its resumption (they do not change the data).
 RESUMABLE_OPTIONS = frozenset({"device"})
 
@@ -61,10 +59,10 @@ RESUMABLE_OPTIONS = frozenset({"device"})
 class DatagenConfig:
     """Everything `specwire datagen` takes; all but `out`, `device` and `progress` are recorded in the manifest."""
 
-    out: str  # dump folder (created; an existing dump is resumed)
-    prompts: str  # prompt source: "mt-bench", "humaneval", "pool" or a JSONL path (see `prompts`)
-    target: str = BUILTIN_TARGET  # built-in name or HF folder
-    hs_ids: tuple[int, ...] | None = None  # fused hs ids (None = default_hs_ids(L))
+    out: str  # dump folder (created, or resumed when it holds a dump)
+    prompts: str  # mt-bench, humaneval, pool (or a part: pool:synthetic, 'pool[512:1000]'), or a JSONL file
+    target: str = BUILTIN_TARGET  # built-in target name or HF model folder
+    hs_ids: tuple[int, ...] | None = None  # fused hs ids, e.g. 2,15,27 (default: the target's [2, L//2, L-3])
     max_samples: int | None = None  # use the first N prompts of the source (None = all)
     max_new_tokens: int = 256  # answer length cap
     max_length: int = 2048  # cap on prompt + answer tokens; longer prompts are skipped
@@ -79,7 +77,9 @@ class DatagenConfig:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0  # nucleus sampling when temperature > 0
     top_k: int = 0  # top-k sampling when temperature > 0 (0 = off)
-    progress: bool = True  # tqdm progress bars on stderr
+    generator: str | None = None  # base URL of an OpenAI-compatible server that writes the answers instead of the target (its text is re-tokenized with the target's tokenizer)
+    generator_model: str | None = None  # model name sent to --generator (default: the first one its /v1/models lists)
+    progress: bool = True  # progress bars on stderr
 
     def __post_init__(self):
         if self.hs_ids is not None:
@@ -98,12 +98,17 @@ class DatagenConfig:
             raise SpecwireError(f"datagen top-p: expected 0 < p <= 1, found {self.top_p}.")
         if self.top_k < 0:
             raise SpecwireError(f"datagen top-k: expected >= 0, found {self.top_k}.")
+        if self.generator_model is not None and self.generator is None:
+            raise SpecwireError("datagen generator-model: set only with --generator URL.", fix="add --generator URL or drop it.")
 
     def options(self) -> dict[str, Any]:
         """The options recorded in (and compared against) the manifest."""
         d = dataclasses.asdict(self)
         for k in ("out", "progress"):
             d.pop(k)
+        for k in ("generator", "generator_model"):  # absent unless set: dumps of the target's own answers are unchanged
+            if d[k] is None:
+                d.pop(k)
         d["hs_ids"] = list(self.hs_ids) if self.hs_ids is not None else None
         return d
 
@@ -204,50 +209,6 @@ def plan_capture_batches(lengths: Sequence[int], *, batch_size: int, max_tokens:
     return out
 
 
-def _crash_hook(kind: str, count: int) -> None:
-    if os.environ.get(CRASH_ENV) == f"{kind}:{count}":
-        os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
-
-
-# ---- the capture path (shared with online training) ------------------------------------------------
-
-def _capture_packed(target: Target, input_ids_list: Sequence[Sequence[int]], hs_ids: Sequence[int], *,
-                    dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """One prefill of a right-padded batch; states of the real tokens packed flat, on the target's device.
-
-    Right padding needs no attention mask: under causal attention a real token only sees earlier
-    tokens, which are all real, so each row computes exactly what it would alone (and SDPA keeps its
-    causal fast path). Returns hidden [N, n_ids*H], last_hidden [N, H], and the row lengths.
-    """
-    lens = [len(x) for x in input_ids_list]
-    if not lens or min(lens) < 1:
-        raise SpecwireError("capture: every sequence needs at least one token.")
-    T = max(lens)
-    L = target.num_layers
-    ids = torch.zeros(len(lens), T, dtype=torch.long)  # shape: [B, T], right-padded with id 0
-    for r, x in enumerate(input_ids_list):
-        ids[r, :lens[r]] = torch.as_tensor(x, dtype=torch.long)
-    ids = ids.to(target.device)
-    cap = capture_hidden_states(target.model, ids, list(hs_ids) + [L], parts=target.parts)
-    dtype = dtype or cap.states.dtype
-    valid = torch.arange(T, device=ids.device)[None, :] < torch.tensor(lens, device=ids.device)[:, None]  # shape: [B, T]
-    states = cap.states.to(dtype)  # shape: [n_ids + 1, B, T, H]
-    hidden = torch.cat(list(states[:-1]), dim=-1)[valid]  # shape: [N, n_ids * H], rows in batch order
-    last_hidden = states[-1][valid]  # shape: [N, H]
-    return hidden, last_hidden, lens
-
-
-def capture_batch(target: Target, input_ids_list: Sequence[Sequence[int]], hs_ids: Sequence[int], *,
-                  dtype: torch.dtype | None = None) -> dict[str, list[torch.Tensor]]:
-    """Capture the fused `hs_ids` states and hs L for each sequence: the one capture code path.
-
-    Returns {"hidden": [[T_i, n_ids*H]...], "last_hidden": [[T_i, H]...]} on the target's device, in
-    `dtype` (default: the model's). Training targets come from lm_head(final_norm(last_hidden)).
-    """
-    hidden, last_hidden, lens = _capture_packed(target, input_ids_list, hs_ids, dtype=dtype)
-    return {"hidden": list(torch.split(hidden, lens)), "last_hidden": list(torch.split(last_hidden, lens))}
-
-
 # ---- phase 1: self-distillation --------------------------------------------------------------------
 
 def prepare_prompts(target: Target, records: Sequence[Any], *, max_length: int) -> tuple[list[PreparedPrompt], list[dict]]:
@@ -334,9 +295,25 @@ def _load_done(path: Path, prompts: dict[int, PreparedPrompt]) -> dict[int, dict
     return done
 
 
+def _server_batch(target: Target, prompts: Sequence[PreparedPrompt], config: DatagenConfig, *, model: str,
+                  seed: int) -> list[tuple[list[int], str]]:
+    """Like `generate_batch`, with the answers written by the `config.generator` server (re-tokenized)."""
+    from specwire.data.generator import answer_ids, ask_all
+
+    limits = [min(config.max_new_tokens, config.max_length - len(p.prompt_ids)) for p in prompts]
+    answers = ask_all(config.generator, model, [p.messages for p in prompts], max_tokens=limits,
+                      temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, seed=seed)
+    return [trim_generated(answer_ids(target, p.messages, p.prompt_ids, a), eos_ids=target.eos_token_ids, limit=lim)
+            for p, a, lim in zip(prompts, answers, limits)]
+
+
 def generate_conversations(target: Target, prompts: Sequence[PreparedPrompt], path: str | os.PathLike,
-                           config: DatagenConfig) -> PhaseStats:
-    """Phase 1: append the target's answers to `path` (conversations.jsonl), resuming what is there."""
+                           config: DatagenConfig, *, generator_model: str | None = None) -> PhaseStats:
+    """Phase 1: append the answers to `path` (conversations.jsonl), resuming what is there.
+
+    The target writes them, or the `config.generator` server (asked for `generator_model`, default
+    `config.generator_model`).
+    """
     path = Path(path)
     by_index = {p.index: p for p in prompts}
     done = set(_load_done(path, by_index))
@@ -351,16 +328,20 @@ def generate_conversations(target: Target, prompts: Sequence[PreparedPrompt], pa
     bar = tqdm(total=todo, unit="sample", desc="datagen 1/2 generate", file=sys.stderr, disable=not config.progress,
                dynamic_ncols=True)
     t0 = time.perf_counter()
-    written = 0
     try:
         with open(path, "ab") as f:
             for batch_no, batch in enumerate(plan):
                 if all(i in done for i in batch):
                     continue
-                answers = generate_batch(
-                    target, [by_index[i].prompt_ids for i in batch], max_new_tokens=config.max_new_tokens,
-                    max_length=config.max_length, temperature=config.temperature, top_p=config.top_p,
-                    top_k=config.top_k, seed=config.seed * 1_000_003 + batch_no)
+                seed = config.seed * 1_000_003 + batch_no
+                if config.generator:
+                    answers = _server_batch(target, [by_index[i] for i in batch], config, seed=seed,
+                                            model=generator_model or config.generator_model)
+                else:
+                    answers = generate_batch(
+                        target, [by_index[i].prompt_ids for i in batch], max_new_tokens=config.max_new_tokens,
+                        max_length=config.max_length, temperature=config.temperature, top_p=config.top_p,
+                        top_k=config.top_k, seed=seed)
                 for i, (answer, finish) in zip(batch, answers):
                     if i in done:
                         continue
@@ -371,19 +352,13 @@ def generate_conversations(target: Target, prompts: Sequence[PreparedPrompt], pa
                            "input_ids": [*p.prompt_ids, *answer],
                            "loss_mask": [0] * len(p.prompt_ids) + [1] * len(answer), "finish": finish}
                     line = (json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-                    if os.environ.get(CRASH_ENV) == f"partial:{written}":
-                        f.write(line[: len(line) // 2])
-                        f.flush()
-                        _crash_hook("partial", written)
                     f.write(line)
                     f.flush()
                     os.fsync(f.fileno())
                     done.add(i)
-                    written += 1
                     stats.samples += 1
                     stats.tokens += len(answer)
                     bar.update(1)
-                    _crash_hook("conversations", written)
                 stats.seconds = time.perf_counter() - t0
                 bar.set_postfix_str(f"{stats.tokens_per_s:.1f} tok/s")
     finally:
@@ -393,50 +368,6 @@ def generate_conversations(target: Target, prompts: Sequence[PreparedPrompt], pa
 
 
 # ---- phase 2: capture into shards ------------------------------------------------------------------
-
-class ManifestWriter:
-    """The manifest being written: a dict rewritten atomically after each change."""
-
-    def __init__(self, path: Path, data: dict):
-        self.path, self.data = path, data
-
-    @classmethod
-    def open(cls, out: str | os.PathLike) -> "ManifestWriter":
-        """The manifest of an existing (possibly unfinished) dump folder."""
-        path = Path(out) / MANIFEST
-        data = read_json(path, what="dump manifest")
-        parse_manifest(data, path=path)
-        return cls(path, data)
-
-    def write(self) -> None:
-        write_json(self.path, self.data)
-
-    @property
-    def shards(self) -> list[ShardEntry]:
-        return [ShardEntry(**s) for s in self.data["shards"]]
-
-    def add_shard(self, entry: ShardEntry, *, loss_tokens: int) -> None:
-        self.data["shards"].append(entry.to_dict())
-        c = self.data["counts"]
-        c["samples"] += entry.samples
-        c["tokens"] += entry.tokens
-        c["loss_tokens"] += loss_tokens
-        self.write()
-
-
-def _clean_strays(out: Path, listed: set[str]) -> None:
-    """Delete shard files the manifest does not list, and temporaries of interrupted atomic writes."""
-    import shutil
-
-    for p in out.iterdir():
-        name = p.name
-        if name.startswith("shard-") and name.endswith(".safetensors") and name not in listed:
-            log.info("datagen: removing unfinished %s", p)
-            p.unlink()
-        elif name.startswith(".") and (name.startswith(".shard-") or name.startswith(f".{MANIFEST}.")
-                                       or name.startswith(f".{VOCAB_COUNTS}.")):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
-
 
 def capture_conversations(target: Target, conversations: Sequence[dict], out: str | os.PathLike, *,
                           hs_ids: Sequence[int], config: DatagenConfig, manifest: ManifestWriter | None = None) -> PhaseStats:
@@ -458,7 +389,7 @@ def capture_conversations(target: Target, conversations: Sequence[dict], out: st
             raise SpecwireError(
                 f"{out / MANIFEST}: shard {entry.file} does not match the conversations in {out / CONVERSATIONS}; "
                 "the folder was modified.", fix="delete the dump folder and rerun datagen.")
-    _clean_strays(out, {s.file for s in have})
+    clean_strays(out, {s.file for s in have})
     dtype = DUMP_DTYPES[config.dtype_dump]
     todo_tokens = sum(len(convs[p]["input_ids"]) for shard in plan[len(have):] for p in shard)
     stats = PhaseStats()
@@ -469,38 +400,23 @@ def capture_conversations(target: Target, conversations: Sequence[dict], out: st
     bar = tqdm(total=todo_tokens, unit="tok", unit_scale=True, desc="datagen 2/2 capture", file=sys.stderr,
                disable=not config.progress, dynamic_ncols=True)
     t0 = time.perf_counter()
-    meta = {"format": SHARD_FORMAT, "hs_ids": ",".join(map(str, hs_ids)),
-            "hidden_size": str(target.spec.hidden_size), "dtype": config.dtype_dump}
     try:
         for k in range(len(have), len(plan)):
             rows = [convs[p] for p in plan[k]]
             lengths = [len(r["input_ids"]) for r in rows]
-            hidden: list[torch.Tensor | None] = [None] * len(rows)
-            last: list[torch.Tensor | None] = [None] * len(rows)
+            samples = [dict(r) for r in rows]
             for batch in plan_capture_batches(lengths, batch_size=config.batch_size, max_tokens=config.capture_batch_tokens):
-                h, lh, lens = _capture_packed(target, [rows[p]["input_ids"] for p in batch], hs_ids, dtype=dtype)
-                h, lh = h.to("cpu"), lh.to("cpu")  # the shard is written from host memory
-                for p, hp, lp in zip(batch, torch.split(h, lens), torch.split(lh, lens)):
-                    hidden[p], last[p] = hp, lp
-                bar.update(sum(lens))
-            tensors = {
-                "input_ids": torch.cat([r["input_ids"] for r in rows]),  # shape: [N] int64
-                "loss_mask": torch.cat([r["loss_mask"] for r in rows]),  # shape: [N] uint8
-                "hidden": torch.cat(hidden),  # shape: [N, n_ids * H]
-                "last_hidden": torch.cat(last),  # shape: [N, H]
-                "offsets": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64),  # shape: [S+1]
-                "sample_index": torch.tensor([r["index"] for r in rows], dtype=torch.int64),  # shape: [S]
-            }
-            entry = ShardEntry(file=shard_name(k), samples=len(rows), tokens=sum(lengths),
-                               first_index=rows[0]["index"], last_index=rows[-1]["index"])
-            save_tensors(out / entry.file, tensors, metadata=meta)
-            _crash_hook("shard-file", k + 1)
-            manifest.add_shard(entry, loss_tokens=int(tensors["loss_mask"].sum()))
-            stats.samples += entry.samples
-            stats.tokens += entry.tokens
+                cap = capture_packed(target, [rows[p]["input_ids"] for p in batch], hs_ids, dtype=dtype)
+                h, lh = cap.hidden.to("cpu"), cap.last_hidden.to("cpu")  # the shard is written from host memory
+                for p, hp, lp in zip(batch, torch.split(h, cap.lengths), torch.split(lh, cap.lengths)):
+                    samples[p]["hidden"], samples[p]["last_hidden"] = hp, lp
+                bar.update(sum(cap.lengths))
+            shard = write_shard(out, k, samples, hs_ids=hs_ids, hidden_size=target.spec.hidden_size, dtype=config.dtype_dump)
+            manifest.add_shard(shard.entry, loss_tokens=shard.loss_tokens)
+            stats.samples += shard.entry.samples
+            stats.tokens += shard.entry.tokens
             stats.seconds = time.perf_counter() - t0
             bar.set_postfix_str(f"shard {k + 1}/{len(plan)}")
-            _crash_hook("shards", k + 1)
     finally:
         bar.close()
     stats.seconds = time.perf_counter() - t0
@@ -581,6 +497,12 @@ def run_datagen(config: DatagenConfig, *, target: Target | None = None, prompts:
                     "counts": {"samples": 0, "tokens": 0, "loss_tokens": 0, "prompts": len(records),
                                "skipped_prompts": len(skipped), "conversations": 0},
                     "skipped_prompts": skipped, "shards": [], "options": options, "complete": False}
+        if config.generator:
+            from specwire.data.generator import server_model
+
+            existing["generator"] = {
+                "url": config.generator, "model": config.generator_model or server_model(config.generator),
+                "token_ids": "the server's answer text re-tokenized with the target's tokenizer after the templated prompt"}
     existing["options"]["device"] = options["device"]
     manifest = ManifestWriter(manifest_path, existing)
     manifest.write()
@@ -588,7 +510,8 @@ def run_datagen(config: DatagenConfig, *, target: Target | None = None, prompts:
                            samples=0, tokens=0, loss_tokens=0, shards=0, hs_ids=list(hs_ids))
     if not existing["complete"]:
         gen_config = dataclasses.replace(config, max_length=max_length)
-        result.generate = generate_conversations(target, kept, out / CONVERSATIONS, gen_config)
+        result.generate = generate_conversations(target, kept, out / CONVERSATIONS, gen_config,
+                                                 generator_model=(existing.get("generator") or {}).get("model"))
         conversations = _load_done(out / CONVERSATIONS, {p.index: p for p in kept})
         existing["counts"]["conversations"] = len(conversations)
         manifest.write()
@@ -607,79 +530,3 @@ def run_datagen(config: DatagenConfig, *, target: Target | None = None, prompts:
     result.samples, result.tokens, result.loss_tokens = c["samples"], c["tokens"], c["loss_tokens"]
     result.shards = len(existing["shards"])
     return result
-
-
-# ---- command line ----------------------------------------------------------------------------------
-
-DATAGEN_HELP = """\
-Phase 1 (generate): the target answers every prompt with its own chat template (batched HF generate,
-left padding, greedy unless --temperature > 0); the generated token ids are stored as they are in
-OUT/conversations.jsonl with a loss mask on the answer (up to and including the first EOS).
-Phase 2 (capture): one prefill pass per conversation reads the fused --hs-ids states and hs L (the last
-layer, before the final norm) into OUT/shard-NNNNN.safetensors; OUT/manifest.json holds the wiring,
-fingerprints, counts and options; OUT/vocab_counts.safetensors the assistant-token frequencies.
-
-Prompts longer than --max-length: a prompt whose templated tokens do not leave room for one answer
-token under --max-length is SKIPPED, never truncated; each skip is logged with the prompt's id and
-counted in the manifest (counts.skipped_prompts, skipped_prompts). Answers stop at --max-new-tokens or
-when prompt + answer reach --max-length (finish "length").
-
-Resumable: rerun the same command after an interruption (even kill -9); finished work is kept, nothing is
-duplicated. A rerun with another target, wiring or option into the same OUT is refused.
-"""
-
-
-def add_cli(sub) -> None:
-    from specwire.cli import add_json_option, add_model_options
-
-    p = sub.add_parser("datagen", help="self-distilled data + hidden-state dump with manifest; resumable",
-                       description=DATAGEN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_options(p)
-    p.add_argument("--prompts", required=True, help="mt-bench, humaneval, pool (or a part: pool:synthetic, 'pool[512:1000]'), or a JSONL file")
-    p.add_argument("--out", required=True, help="dump folder (created, or resumed when it holds a dump)")
-    p.add_argument("--hs-ids", default=None, help="fused hs ids, e.g. 2,15,27 (default: the target's [2, L//2, L-3])")
-    p.add_argument("--max-samples", type=int, default=None, help="use only the first N prompts of the source")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap (default: %(default)s)")
-    p.add_argument("--max-length", type=int, default=2048,
-                   help="cap on prompt + answer tokens; longer prompts are skipped with a warning (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=16, help="sequences per batch (default: %(default)s)")
-    p.add_argument("--shard-tokens", type=int, default=65536, help="tokens per shard, about (default: %(default)s)")
-    p.add_argument("--dtype-dump", default="bfloat16", choices=sorted(DUMP_DTYPES), help="dtype of the stored states (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy answers (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    add_json_option(p)
-    p.set_defaults(func=cmd_datagen)
-
-
-def cmd_datagen(args: argparse.Namespace) -> int:
-    from specwire.cli import emit_json
-    from specwire.data.dump import open_dump
-    from specwire.draft.vocab import coverage_table, format_coverage_table
-    from specwire.wiring import parse_ids
-
-    config = DatagenConfig(
-        out=args.out, prompts=args.prompts, target=args.target,
-        hs_ids=tuple(parse_ids(args.hs_ids)) if args.hs_ids else None, max_samples=args.max_samples,
-        max_new_tokens=args.max_new_tokens, max_length=args.max_length, batch_size=args.batch_size,
-        shard_tokens=args.shard_tokens, dtype_dump=args.dtype_dump, device=args.device, dtype=args.dtype,
-        seed=args.seed, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        progress=not args.no_progress)
-    res = run_datagen(config)
-    counts = open_dump(res.out).vocab_counts()
-    table = coverage_table(counts) if int(counts.sum()) else []
-    if args.json:
-        d = res.to_dict()
-        d["vocab_coverage"] = [dataclasses.asdict(r) for r in table]
-        emit_json(d)
-        return 0
-    g, c = res.generate, res.capture
-    print(f"dump {res.out}: {res.samples} samples, {res.tokens} tokens ({res.loss_tokens} assistant), "
-          f"{res.shards} shards, hs ids {res.hs_ids}; {res.skipped} of {res.prompts} prompts skipped as too long")
-    print(f"this run: generated {g.samples} answers ({g.tokens} tokens, {g.tokens_per_s:.1f} tok/s); "
-          f"captured {c.samples} samples ({c.tokens} tokens, {c.tokens_per_s:.1f} tok/s)")
-    if table:
-        print(format_coverage_table(table))
-    return 0

@@ -1,9 +1,12 @@
-"""Reading a hidden-state dump (the folder `specwire datagen` writes).
+"""The hidden-state dump on disk (the folder `specwire datagen` writes): its layout, writing and reading.
 
-Owns: the dump's on-disk names and constants, validation of `manifest.json` (format, version, wiring,
-counts, shard list) and of every shard's tensors (names, dtypes, shapes, offsets, indices), the
-`DumpReader` that iterates samples, the deterministic train/validation split, the vocabulary counts,
-and reading `conversations.jsonl`. Does not write dumps (`datagen`) nor train (`train`).
+Owns: the dump's on-disk names and constants; writing: the `ManifestWriter` (the manifest rewritten
+atomically after each change), `write_shard` (one shard, written atomically) and `clean_strays`
+(shard files the manifest does not list, and temporaries of interrupted writes); reading: validation
+of `manifest.json` (format, version, wiring, counts, shard list) and of every shard's tensors (names,
+dtypes, shapes, offsets, indices), the `DumpReader` that iterates samples, the deterministic
+train/validation split, the vocabulary counts, and `conversations.jsonl`. Does not decide what goes
+into a dump (generation and capture are `datagen`'s) nor train (`training`).
 
 Layout (the shared contract; datagen writes it, the trainer and eval read it):
   conversations.jsonl       phase 1: one JSON object per sample (index, id, source, messages,
@@ -30,14 +33,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from specwire.errors import SpecwireError
-from specwire.safeio import load_tensors, read_json, safetensors_header
+from specwire.safeio import load_tensors, read_json, safetensors_header, save_tensors, write_json
 from specwire.wiring import Wiring
 
 log = logging.getLogger("specwire")
@@ -202,6 +206,80 @@ def check_shard_data(path: Path, t: dict[str, torch.Tensor], entry: ShardEntry, 
         raise SpecwireError(f"{path}: 'input_ids' holds ids outside the target vocabulary 0..{vocab_size - 1}.")
     if bool((t["loss_mask"] > 1).any()):
         raise SpecwireError(f"{path}: 'loss_mask' holds values other than 0 and 1.")
+
+
+# ---- writing ----------------------------------------------------------------------------------------
+
+class ManifestWriter:
+    """The manifest being written: a dict rewritten atomically after each change."""
+
+    def __init__(self, path: Path, data: dict):
+        self.path, self.data = path, data
+
+    @classmethod
+    def open(cls, out: str | os.PathLike) -> "ManifestWriter":
+        """The manifest of an existing (possibly unfinished) dump folder."""
+        path = Path(out) / MANIFEST
+        data = read_json(path, what="dump manifest")
+        parse_manifest(data, path=path)
+        return cls(path, data)
+
+    def write(self) -> None:
+        write_json(self.path, self.data)
+
+    @property
+    def shards(self) -> list[ShardEntry]:
+        return [ShardEntry(**s) for s in self.data["shards"]]
+
+    def add_shard(self, entry: ShardEntry, *, loss_tokens: int) -> None:
+        self.data["shards"].append(entry.to_dict())
+        c = self.data["counts"]
+        c["samples"] += entry.samples
+        c["tokens"] += entry.tokens
+        c["loss_tokens"] += loss_tokens
+        self.write()
+
+
+@dataclass(frozen=True)
+class WrittenShard:
+    entry: ShardEntry  # what the manifest lists
+    loss_tokens: int  # assistant tokens in the shard
+
+
+def write_shard(out: str | os.PathLike, k: int, samples: Sequence[dict], *, hs_ids: Sequence[int], hidden_size: int,
+                dtype: str) -> WrittenShard:
+    """Write shard k atomically from `samples` (in sample order), each {"index", "input_ids" [T] int64,
+    "loss_mask" [T] uint8, "hidden" [T, n_ids*H], "last_hidden" [T, H]} in host memory and dtype `dtype`.
+
+    The caller lists it in the manifest afterwards (`ManifestWriter.add_shard`): a shard file that the
+    manifest does not list is unfinished work, deleted by `clean_strays`.
+    """
+    lengths = [len(s["input_ids"]) for s in samples]
+    tensors = {
+        "input_ids": torch.cat([s["input_ids"] for s in samples]),  # shape: [N] int64
+        "loss_mask": torch.cat([s["loss_mask"] for s in samples]),  # shape: [N] uint8
+        "hidden": torch.cat([s["hidden"] for s in samples]),  # shape: [N, n_ids * H]
+        "last_hidden": torch.cat([s["last_hidden"] for s in samples]),  # shape: [N, H]
+        "offsets": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64),  # shape: [S+1]
+        "sample_index": torch.tensor([s["index"] for s in samples], dtype=torch.int64),  # shape: [S]
+    }
+    meta = {"format": SHARD_FORMAT, "hs_ids": ",".join(map(str, hs_ids)), "hidden_size": str(hidden_size), "dtype": dtype}
+    entry = ShardEntry(file=shard_name(k), samples=len(samples), tokens=sum(lengths),
+                       first_index=samples[0]["index"], last_index=samples[-1]["index"])
+    save_tensors(Path(out) / entry.file, tensors, metadata=meta)
+    return WrittenShard(entry=entry, loss_tokens=int(tensors["loss_mask"].sum()))
+
+
+def clean_strays(out: str | os.PathLike, listed: set[str]) -> None:
+    """Delete shard files the manifest does not list, and temporaries of interrupted atomic writes."""
+    for p in Path(out).iterdir():
+        name = p.name
+        if name.startswith("shard-") and name.endswith(".safetensors") and name not in listed:
+            log.info("datagen: removing unfinished %s", p)
+            p.unlink()
+        elif name.startswith(".") and (name.startswith(".shard-") or name.startswith(f".{MANIFEST}.")
+                                       or name.startswith(f".{VOCAB_COUNTS}.")):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
 
 
 # ---- conversations ----------------------------------------------------------------------------------

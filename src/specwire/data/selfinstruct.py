@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -62,7 +63,7 @@ class FilterConfig:
 
     min_chars: int = 24  # shorter requests are mostly fragments ("Hi", "Write it")
     max_chars: int = 1500  # the pool's own cap on a prompt
-    min_words: int = 5
+    min_words: int = 5  # fewer words: a fragment
     min_ascii: float = 0.97  # share of ASCII characters: the built-in target is English-only
     min_common_words: int = 1  # at least this many common English function words ("the", "a", "how"...)
     max_repetition: float = 0.35  # 1 - distinct word 3-grams / all word 3-grams (degenerate loops score high)
@@ -72,7 +73,7 @@ class FilterConfig:
 
 @dataclass
 class SelfInstructConfig:
-    """Everything `specwire selfinstruct` takes; all but `out`, `device` and `progress` go in the manifest."""
+    """Everything `specwire selfinstruct` takes; all but `out`, `conversations`, `device` and `progress` go in the manifest."""
 
     out: str  # folder of shards (created; an existing one is resumed)
     target: str = BUILTIN_TARGET  # built-in name or HF folder with a chat template
@@ -83,13 +84,13 @@ class SelfInstructConfig:
     max_request_tokens: int = 128  # cap on a sampled user request; unfinished ones are dropped
     max_new_tokens: int = 128  # answer length cap
     temperature: float = 1.0  # sampling temperature of the user requests
-    top_p: float = 1.0
+    top_p: float = 1.0  # nucleus sampling of the user requests
     max_rounds: int = 64  # sampling rounds per shard before giving up (a target that writes only junk)
-    seed: int = 0
-    device: str | None = None
-    dtype: str = "float32"
-    filters: FilterConfig = field(default_factory=FilterConfig)
-    progress: bool = True
+    seed: int = 0  # sampling seed (per shard and round) and the MinHash seed
+    device: str | None = None  # torch device (None = cuda when available, else cpu)
+    dtype: str = "float32"  # weights dtype of the target
+    filters: FilterConfig = field(default_factory=FilterConfig)  # what a request must satisfy to be kept
+    progress: bool = True  # progress bar on stderr
 
     def __post_init__(self):
         if isinstance(self.filters, dict):
@@ -217,7 +218,7 @@ class NearDuplicateIndex:
 
 def benchmark_ngrams(n: int) -> dict[tuple[str, ...], str]:
     """Every word n-gram of the MT-bench and HumanEval prompts, mapped to the item it comes from."""
-    from specwire.data.prompts import humaneval_path, mt_bench_path, _read_json_lines
+    from specwire.data.prompts import humaneval_path, mt_bench_path, read_json_lines
 
     grams: dict[tuple[str, ...], str] = {}
 
@@ -226,10 +227,10 @@ def benchmark_ngrams(n: int) -> dict[tuple[str, ...], str]:
         for i in range(len(w) - n + 1):
             grams.setdefault(tuple(w[i:i + n]), origin)
 
-    for _, q in _read_json_lines(mt_bench_path()):
+    for _, q in read_json_lines(mt_bench_path()):
         for t, turn in enumerate(q["turns"]):
             add(turn, f"mt-bench:{q['question_id']} turn {t + 1}")
-    for _, p in _read_json_lines(humaneval_path()):
+    for _, p in read_json_lines(humaneval_path()):
         add(p["prompt"], p["task_id"])
     return grams
 
@@ -317,6 +318,9 @@ class ShardStats:
     answer_tokens: int  # tokens in the answers
     sample_seconds: float
     answer_seconds: float
+    # Requests that passed every filter after the shard was full: not answered, but already in the
+    # near-duplicate index, which a resumed run must rebuild exactly (absent from older manifests).
+    dedup_only: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -369,6 +373,7 @@ def build_shard(target: Target, k: int, *, prefix: Sequence[int], dedup: NearDup
     kept: list[str] = []
     rejected: dict[str, int] = {}
     contaminated: list[str] = []
+    overflow: list[str] = []
     sampled = request_tokens = 0
     t0 = time.perf_counter()
     for r in range(config.max_rounds):
@@ -391,13 +396,15 @@ def build_shard(target: Target, k: int, *, prefix: Sequence[int], dedup: NearDup
                 continue
             if len(kept) < config.shard_size:
                 kept.append(text)
+            else:
+                overflow.append(text)
     t1 = time.perf_counter()
     records = _answer(target, kept, config=config, first_index=first_index)
     t2 = time.perf_counter()
     stats = ShardStats(shard=k, conversations=len(records), sampled=sampled, rejected=dict(sorted(rejected.items())),
                        contaminated=contaminated, request_tokens=request_tokens,
                        answer_tokens=sum(sum(r["loss_mask"]) for r in records),
-                       sample_seconds=round(t1 - t0, 2), answer_seconds=round(t2 - t1, 2))
+                       sample_seconds=round(t1 - t0, 2), answer_seconds=round(t2 - t1, 2), dedup_only=overflow)
     return records, stats
 
 
@@ -428,13 +435,17 @@ def run_selfinstruct(config: SelfInstructConfig, *, target: Target | None = None
     f = config.filters
     dedup = NearDuplicateIndex(f.near_duplicate, seed=config.seed)
     done = 0
-    for s in manifest["shards"]:
+    for s in manifest["shards"]:  # the index as the run that wrote these shards left it
         for rec in read_shard(out / shard_name(s["shard"])):
             dedup.add(rec["messages"][0]["content"])
             done += 1
+        for text in s.get("dedup_only", ()):
+            dedup.add(text)
     for stray in out.glob("shard-*.jsonl.gz"):
         if stray.name not in {shard_name(s["shard"]) for s in manifest["shards"]}:
             stray.unlink()
+    for tmp in out.glob(".shard-*"):  # temporaries of atomic writes a kill interrupted
+        shutil.rmtree(tmp, ignore_errors=True)
     grams = benchmark_ngrams(f.contamination_ngram)
     prefix = user_turn_prefix(target)
     from tqdm import tqdm
@@ -452,9 +463,10 @@ def run_selfinstruct(config: SelfInstructConfig, *, target: Target | None = None
                                     f"({stats.sampled} sampled; rejected: {stats.rejected}).",
                                     fix="check that the target is instruction-tuned, or relax the filters.")
             with atomic_path(out / shard_name(k)) as tmp:
-                with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as g:
-                    for rec in records:
-                        g.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
+                body = "".join(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n" for rec in records)
+                with open(tmp, "wb") as raw:  # no name and mtime 0 in the gzip header: the bytes depend on the records only
+                    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as g:
+                        g.write(body.encode("utf-8"))
             manifest["shards"].append(stats.to_dict())
             write_json(mpath, manifest)
             done += len(records)

@@ -19,7 +19,7 @@ One round, for the last accepted target position b (EAGLE-3, Li et al. 2025):
   3. keep: the target's KV cache keeps the root and the accepted nodes, compacted into place by one
      gather per layer (no recomputation); their captured states become the draft's next input, paired
      with the tokens shifted by one (accepted tokens, then the bonus token, which is the next root).
-Draft positions follow the training convention (`train.ttt_unroll`): a real input (g_t, x_{t+1}) sits
+Draft positions follow the training convention (`training.ttt.ttt_unroll`): a real input (g_t, x_{t+1}) sits
 at position t, and every drafted node of a round, at any depth, at position b, as TTT step d at
 position t keeps the position id t (EAGLE-3 reference training, SpecForge). EAGLE's inference code,
 SGLang and vLLM instead feed a depth-d node at b+d, which the draft never saw in training: on the
@@ -51,7 +51,8 @@ import torch
 import torch.nn.functional as F
 
 from specwire.target.capture import capture_hooks
-from specwire.draft.model import AttendFn, Eagle3Draft, load_draft
+from specwire.draft.checkpoint import load_draft
+from specwire.draft.model import AttendFn, Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
 from specwire.decode.plain import GenerationResult, check_request
 from specwire.decode.sampling import SamplingParams, logits_to_probs, make_generator, next_token, sample_from
@@ -66,15 +67,17 @@ class SpecConfig:
     """Speculation knobs (SGLang's names: --speculative-num-steps / -eagle-topk / -num-draft-tokens)."""
 
     num_steps: int = 5  # draft depth: draft tokens on the longest path
-    topk: int = 4  # branching per step in a tree (a chain always uses 1)
-    num_draft_tokens: int = 16  # tree budget: draft tokens verified per pass, kept by cumulative draft prob
+    topk: int = 4  # branching per tree step (a chain always uses 1)
+    num_draft_tokens: int = 16  # tree budget: draft tokens verified per pass, kept by cumulative draft probability
     tree: bool = True  # tree (EAGLE-2 dynamic) or chain drafting
 
     def __post_init__(self):
         for name in ("num_steps", "topk", "num_draft_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise SpecwireError(f"SpecConfig.{name}: expected a positive integer, found {v!r}.")
+                default = type(self).__dataclass_fields__[name].default
+                raise SpecwireError(f"SpecConfig.{name}: expected a positive integer, found {v!r}.",
+                                    fix=f"--{name.replace('_', '-')} {default}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -213,13 +216,10 @@ class EagleProposer:
     def _step(self, hidden, ids, positions, mask, *, last_only: bool):
         """One draft layer pass appending to the cache. hidden [1,T,H], ids/positions [1,T] ->
         logits [T', Vd], hidden [T', H] with T' = 1 if last_only else T."""
-        d = self.draft
-        e = d.embed(ids)  # shape: [1, T, H]
-        cos, sin = d.rope(positions, hidden)
-        h = d.layers[0](e, hidden, cos, sin, self.cache.attend(mask))  # shape: [1, T, H]
+        h = self.draft.step(hidden, self.cache.attend(mask), input_ids=ids, position_ids=positions)  # shape: [1, T, H]
         if last_only:
             h = h[:, -1:]
-        return d.lm_head(d.norm(h))[0], h[0]
+        return self.draft.logits(h)[0], h[0]
 
     def propose(self, states, tokens, start, *, steps, spec, tree, params, generator) -> DraftTree:
         T = tokens.shape[0]

@@ -2,7 +2,7 @@
 
 Owns: `DraftConfig` (geometry + the `Wiring` it was trained for), the `Eagle3Draft` module as SGLang's
 `LlamaForCausalLMEagle3` and speculators' `Eagle3DraftModel` run it (FIELD-NOTES section 2), and the
-native checkpoint on disk. Does not own attention *patterns*: the caller passes an `attend` function
+native checkpoint's format markers. Does not own attention *patterns*: the caller passes an `attend` function
 (causal for plain use, TTT masks in training, tree masks in decoding) so one module serves all three.
 
 Forward, for positions t of one sequence (paper: Li et al., EAGLE-3, 2025):
@@ -12,18 +12,14 @@ Forward, for positions t of one sequence (paper: Li et al., EAGLE-3, 2025):
         residual = h_t, or hidden_norm(h_t) when norm_before_residual
   logits over the draft vocab = lm_head(norm(h'_t)); h'_t (pre-norm) is fed to the next draft step.
 
-Native checkpoint layout (a folder): speculators' key layout (`layers.0.*`, `fc`, `norm`, `lm_head`,
-`d2t`, `t2d`) in `model.safetensors`, a speculators-style `config.json`, plus a `specwire` block in
-that config holding the `Wiring`. vLLM reads the same layout; `formats` converts to SGLang's.
+The native checkpoint on disk (save, load, the shipped draft) is `draft.checkpoint`; this module keeps
+only the format markers its `specwire` config block carries (`NATIVE_FORMAT`, `NATIVE_FORMAT_VERSION`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -31,7 +27,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from specwire.errors import SpecwireError
-from specwire.safeio import atomic_path, check_tensors, load_tensors, read_json, save_tensors
 from specwire.wiring import Wiring
 
 SHIPPED_DRAFT = "smollm2-135m-eagle3"
@@ -303,6 +298,29 @@ class Eagle3Draft(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self._rope_scale).to(like.dtype), (emb.sin() * self._rope_scale).to(like.dtype)
 
+    def step(self, hidden: torch.Tensor, attend: AttendFn = causal_attend, *, input_ids: torch.Tensor | None = None,
+             embeds: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+             rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """One draft step, the only place the decoder layer is run (forward, training's TTT unroll and the
+        engine's proposer all call it). Returns the new hidden state (pre-norm), [B, T, H].
+
+        hidden: [B, T, H], already fused (`fuse`) or the draft's own previous output. The next tokens come
+        as `input_ids` [B, T] (target ids) or as precomputed `embeds` [B, T, H]; positions as
+        `position_ids` [B, T] or as precomputed `rope` = (cos, sin), each [B, T, head_dim] (the unroll
+        reuses one pair for every step). `attend` decides what each query sees.
+        """
+        if (input_ids is None) == (embeds is None):
+            raise ValueError("Eagle3Draft.step: pass exactly one of input_ids and embeds")
+        if (position_ids is None) == (rope is None):
+            raise ValueError("Eagle3Draft.step: pass exactly one of position_ids and rope")
+        e = self.embed(input_ids) if embeds is None else embeds  # shape: [B, T, H]
+        cos, sin = self.rope(position_ids, hidden) if rope is None else rope
+        return self.layers[0](e, hidden, cos, sin, attend)  # shape: [B, T, H]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab logits of step outputs: lm_head(norm(h)). [..., H] -> [..., draft_vocab]"""
+        return self.lm_head(self.norm(hidden))
+
     def forward(
         self,
         hidden: torch.Tensor,
@@ -312,12 +330,13 @@ class Eagle3Draft(nn.Module):
         *,
         embeds: torch.Tensor | None = None,
     ) -> DraftOutput:
-        """One draft step. hidden: [B, T, H] (already fused, or the draft's own output);
-        input_ids: [B, T] target ids of the *next* tokens; position_ids: [B, T]."""
-        e = self.embed(input_ids) if embeds is None else embeds
-        cos, sin = self.rope(position_ids, hidden)
-        h = self.layers[0](e, hidden, cos, sin, attend)
-        return DraftOutput(logits=self.lm_head(self.norm(h)), hidden=h)
+        """One draft step with logits everywhere. hidden: [B, T, H] (already fused, or the draft's own
+        output); input_ids: [B, T] target ids of the *next* tokens; position_ids: [B, T]."""
+        if embeds is None:
+            h = self.step(hidden, attend, input_ids=input_ids, position_ids=position_ids)
+        else:
+            h = self.step(hidden, attend, embeds=embeds, position_ids=position_ids)
+        return DraftOutput(logits=self.logits(h), hidden=h)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft vocab ids -> target vocab ids (d2t offsets)."""
@@ -345,104 +364,3 @@ def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, *, vocab_size: int, so
         raise SpecwireError(
             f"{source}: t2d marks {int(t2d.sum())} target ids but d2t has {len(d2t)} entries, or they disagree."
         )
-
-
-# ---- native checkpoint -------------------------------------------------------------------------------
-
-def shipped_draft_dir() -> Path:
-    return Path(__file__).parent.parent / "assets" / SHIPPED_DRAFT
-
-
-def resolve_draft_path(name_or_path: str | os.PathLike) -> Path:
-    if str(name_or_path) == SHIPPED_DRAFT:
-        p = shipped_draft_dir()
-        if not (p / "config.json").is_file():
-            raise SpecwireError(f"the shipped draft '{SHIPPED_DRAFT}' is not installed at {p}.")
-        return p
-    p = Path(name_or_path).expanduser()
-    if not p.exists():
-        raise SpecwireError(f"draft '{name_or_path}' not found: not '{SHIPPED_DRAFT}' nor an existing folder.")
-    if not p.is_dir() or not (p / "config.json").is_file():
-        raise SpecwireError(f"draft '{p}': expected a folder with config.json and model.safetensors.")
-    return p
-
-
-def native_config_json(config: DraftConfig, *, extra: dict | None = None) -> dict[str, Any]:
-    """The config.json of a native checkpoint: speculators' eagle3 fields + a `specwire` block."""
-    w = config.wiring
-    layer = config.llama_layer_config().to_diff_dict()
-    layer.pop("transformers_version", None)
-    layer["model_type"] = "llama"
-    layer["architectures"] = ["LlamaForCausalLM"]
-    return {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
-        "speculators_version": "0.9.0",
-        "transformer_layer_config": layer,
-        "draft_vocab_size": config.draft_vocab_size,
-        "norm_before_residual": config.norm_before_residual,
-        "target_hidden_size": config.target_hidden_size,
-        "eagle_aux_hidden_state_layer_ids": w.in_convention("speculators"),
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
-            "verifier": {"name_or_path": None, "architectures": [w.target.architecture]},
-        },
-        "specwire": {
-            "format": NATIVE_FORMAT,
-            "format_version": NATIVE_FORMAT_VERSION,
-            "draft_config": config.to_dict(),
-            **(extra or {}),
-        },
-    }
-
-
-def save_draft(draft: Eagle3Draft, out_dir: str | os.PathLike, *, dtype: torch.dtype | None = None,
-               extra: dict | None = None, verifier_path: str | None = None) -> Path:
-    """Write a native checkpoint folder atomically (config.json + model.safetensors)."""
-    out_dir = Path(out_dir)
-    sd = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).cpu() for k, v in draft.state_dict().items()}
-    cfg = native_config_json(draft.config, extra=extra)
-    if verifier_path:
-        cfg["speculators_config"]["verifier"]["name_or_path"] = verifier_path
-    with atomic_path(out_dir) as tmp:
-        tmp.mkdir()
-        save_tensors(tmp / "model.safetensors", sd, metadata={"format": "pt"})
-        import json
-
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    return out_dir
-
-
-def read_native_config(path: Path) -> tuple[DraftConfig, dict]:
-    raw = read_json(path / "config.json", what="draft config")
-    block = raw.get("specwire")
-    if not isinstance(block, dict) or block.get("format") != NATIVE_FORMAT:
-        raise SpecwireError(
-            f"{path / 'config.json'}: no 'specwire' block; this is not a native specwire checkpoint.",
-            fix=f"convert it first: specwire import {path} --out DIR",
-        )
-    if block.get("format_version") != NATIVE_FORMAT_VERSION:
-        raise SpecwireError(f"{path / 'config.json'}: specwire.format_version {block.get('format_version')!r}, expected {NATIVE_FORMAT_VERSION}.")
-    return DraftConfig.from_dict(block.get("draft_config") or {}, source=f"{path / 'config.json'}: specwire.draft_config"), raw
-
-
-def load_draft(name_or_path: str | os.PathLike, *, device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = torch.float32) -> Eagle3Draft:
-    """Load a native checkpoint, validating every tensor's name and shape against the config."""
-    path = resolve_draft_path(name_or_path)
-    config, _ = read_native_config(path)
-    draft = Eagle3Draft(config)
-    tensors = load_tensors(path / "model.safetensors")
-    check_tensors(path / "model.safetensors", tensors, draft.expected_shapes())
-    for name in ("d2t",):
-        if tensors[name].dtype != torch.long:
-            raise SpecwireError(f"{path / 'model.safetensors'}: tensor 'd2t' has dtype {tensors[name].dtype}, expected int64.")
-    tensors["t2d"] = tensors["t2d"].bool()
-    check_vocab_map(tensors["d2t"], tensors["t2d"], vocab_size=config.vocab_size, source=str(path / "model.safetensors"))
-    draft.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, strict=True)
-    draft.to(device=device)
-    if dtype is not None:
-        draft.to(dtype=dtype)
-    return draft.eval()

@@ -1,31 +1,26 @@
 """Checked launch command lines for SGLang and vLLM.
 
-Owns: `launch_command` (the argv for `python -m sglang.launch_server` or `vllm serve` with a draft),
-the pure flag rules it enforces (`sglang_max_draft_tokens`, `check_sglang_flags`), and the
-`launch-cmd` subcommand. Every check that would otherwise fail silently inside the engine is made
+Owns: `launch_command` (the argv for `python -m sglang.launch_server` or `vllm serve` with a draft)
+and the pure flag rules it enforces (`sglang_max_draft_tokens`, `check_sglang_flags`); the
+`launch-cmd` subcommand is `specwire.cli.launch`. The draft is opened with the one reader
+(`interop.inspect`), so its consistency check runs first. Every check that would otherwise fail silently inside the engine is made
 here first: the checkpoint layout the engine loads, the layer ids as that engine reads them against
 the draft's Wiring, SGLang's topk=1 override, the size of the draft tree, max_position_embeddings,
-vocabulary and hidden sizes. Does not convert checkpoints (`formats`) and never runs an engine.
+vocabulary and hidden sizes. Does not convert checkpoints (`interop.convert`) and never runs an engine.
 Engine facts are "true for the versions read" (FIELD-NOTES sections 3 and 5).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from specwire.draft.model import resolve_draft_path
+from specwire.draft.checkpoint import resolve_draft_path
 from specwire.errors import SpecwireError
-from specwire.interop.formats import (
-    ENGINES,
-    FORMAT_SGLANG,
-    SGLANG_NUM_FUSED,
-    engine_reading,
-    read_checkpoint,
-)
+from specwire.interop.inspect import ENGINES, FORMAT_SGLANG, engine_reading, read_checkpoint
+from specwire.interop.sglang import SGLANG_NUM_FUSED
 from specwire.wiring import DEFAULT_SGLANG_VERSION, SGLANG_VERSIONS
 
 SGLANG_DEFAULTS = {"num_steps": 5, "topk": 4, "num_draft_tokens": 16}
@@ -105,9 +100,7 @@ def launch_command(draft: str, *, engine: str, target: str = "smollm2-135m", num
     checks: list[str] = []
     notes: list[str] = []
     dpath = resolve_draft_path(draft)
-    info = read_checkpoint(dpath)
-    if info.read_errors:
-        raise SpecwireError(info.read_errors[0])
+    info = read_checkpoint(dpath).require_consistent()
     if info.format is None:
         raise SpecwireError(f"cannot tell the format of draft '{dpath}': " + " ".join(info.problems))
 
@@ -236,43 +229,3 @@ def launch_command(draft: str, *, engine: str, target: str = "smollm2-135m", num
     if port is not None:
         argv += ["--port", str(port)]
     return LaunchCommand(engine=engine, argv=argv, checks=checks, notes=notes)
-
-
-# ---- command line -------------------------------------------------------------------------------
-
-def add_cli(sub) -> None:
-    from specwire.cli import add_json_option
-
-    p = sub.add_parser("launch-cmd", help="a checked launch command for SGLang or vLLM",
-                       description="Print the command that serves TARGET with draft D on SGLang or vLLM, after checking "
-                       "everything the engine would get wrong silently: checkpoint layout, layer ids in the engine's "
-                       "convention, norm_before_residual, the topk=1 override, the tree size, max_position_embeddings, "
-                       "vocabulary and hidden sizes. Each refusal says the fix.")
-    p.add_argument("draft", help="draft folder (sglang export for SGLang; native or speculators for vLLM)")
-    p.add_argument("--engine", required=True, choices=ENGINES)
-    p.add_argument("--target", default="smollm2-135m", help="built-in target name or HF folder (config only; default: %(default)s)")
-    p.add_argument("--num-steps", type=int, default=None, help="draft depth (default: 5)")
-    p.add_argument("--topk", type=int, default=None, help="SGLang: branching per step (default: 4)")
-    p.add_argument("--num-draft-tokens", type=int, default=None, help="SGLang: tokens verified per pass (default: 16, or steps+1 with topk 1)")
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel size (default: 1)")
-    p.add_argument("--port", type=int, default=None)
-    p.add_argument("--sglang-version", default=None, choices=SGLANG_VERSIONS,
-                   help="the SGLang id rule of the server (default: the one the export was written for)")
-    add_json_option(p)
-    p.set_defaults(func=_cmd_launch)
-
-
-def _cmd_launch(args: argparse.Namespace) -> int:
-    from specwire.cli import emit_json
-
-    r = launch_command(args.draft, engine=args.engine, target=args.target, num_steps=args.num_steps, topk=args.topk,
-                       num_draft_tokens=args.num_draft_tokens, tp=args.tp, port=args.port, sglang_version=args.sglang_version)
-    if args.json:
-        emit_json(r.to_dict())
-        return 0
-    print(r.command)
-    for c in r.checks:
-        print(f"# ok: {c}")
-    for n in r.notes:
-        print(f"# note: {n}")
-    return 0

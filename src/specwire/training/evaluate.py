@@ -1,10 +1,11 @@
 """Offline evaluation of a draft on stored target states: `specwire eval`.
 
-Owns: `EvalResult` (per-step top-1 accuracy and the chain accept length it predicts), `evaluate()`
-and the `eval` subcommand. The unroll itself is `train.ttt_unroll` (the same teacher-forced TTT
-unroll the draft was trained with), so offline accuracy and training accuracy mean the same thing.
-Does not measure serving acceptance: that needs the engine (`bench`, `doctor`). As FIELD-NOTES warns,
-a high offline accuracy validates the draft, not the wiring it is served with.
+Owns: the one validation loop (`measure`: training's periodic and final validation and `specwire eval`
+both run it), `EvalResult` (per-step top-1 accuracy and the chain accept length it predicts) and
+`evaluate()`. The unroll itself is `training.ttt.ttt_unroll` (the same teacher-forced TTT unroll the
+draft was trained with), so offline accuracy and training accuracy mean the same thing. Does not own
+the command line (`cli.eval`). Does not measure serving acceptance: that needs the engine (`bench`,
+`doctor`); a high offline accuracy validates the draft, not the wiring it is served with.
 
 Headline accuracy, step j: P(the draft's argmax, mapped to a target id, equals the target's argmax over
 its full vocabulary) at the positions the dump's loss mask marks, teacher forced.
@@ -21,11 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from specwire.errors import SpecwireError
+from specwire.training.batches import micro_batches
+from specwire.training.config import DEFAULT_TTT_STEPS
+from specwire.training.dist import Dist
+from specwire.training.rundir import resolve_draft_arg
+from specwire.training.ttt import TargetHeads, Totals, collate, ttt_unroll
 
 
 def predicted_accept_length(step_accuracy: Sequence[float]) -> float:
@@ -57,8 +63,35 @@ class EvalResult:
         return dataclasses.asdict(self)
 
 
-def summarize(totals, *, split: str, n_samples: int, coverage: float | None = None) -> EvalResult:
-    """An EvalResult from accumulated per-step sums (train.Totals)."""
+def measure(draft, heads: TargetHeads, samples: Sequence[dict], *, steps: int, batch_tokens: int, max_length: int,
+            device, dist: Dist | None = None,
+            prepare: Callable[[list[dict]], list[dict]] | None = None) -> Totals:
+    """The validation loop: per-step sums of the teacher-forced unroll over `samples`, without gradients.
+
+    Under torchrun each rank takes every `world`-th sample and the sums are all-reduced. `prepare` turns
+    a forward pass's samples into ones with states (training's online mode captures them there).
+    """
+    d = dist or Dist()
+    lengths = [len(s["input_ids"]) for s in samples]
+    mine = list(range(d.rank, len(samples), d.world))
+    totals = Totals(steps)
+    totals.vec = totals.vec.to(device)
+    was = draft.training
+    draft.eval()
+    with torch.no_grad():
+        for mb in micro_batches(mine, lengths, batch_tokens=batch_tokens, max_length=max_length):
+            chunk = [samples[i] for i in mb]
+            if prepare is not None:
+                chunk = prepare(chunk)
+            batch = collate(chunk, max_length=max_length, device=device)
+            totals.add(ttt_unroll(draft, heads, batch, steps=steps))
+    draft.train(was)
+    d.all_sum(totals.vec)
+    return totals
+
+
+def summarize(totals: Totals, *, split: str, n_samples: int, coverage: float | None = None) -> EvalResult:
+    """An EvalResult from accumulated per-step sums (`ttt.Totals`)."""
     s = totals.summary()
     return EvalResult(step_accuracy=s["acc"], predicted_accept_length=predicted_accept_length(s["acc"]),
                       step_accuracy_draft_vocab=s["acc_draft_vocab"], step_kl=s["kl"], step_tokens=s["count"],
@@ -66,21 +99,21 @@ def summarize(totals, *, split: str, n_samples: int, coverage: float | None = No
                       draft_vocab_coverage=s["in_vocab"] if coverage is None else coverage, split=split)
 
 
-def evaluate(draft, data, *, target=None, ttt_steps: int = 5, split: str = "val", max_samples: int | None = None,
-             batch_tokens: int = 8192, max_length: int = 4096, device: str | torch.device | None = None,
+def evaluate(draft, data, *, target=None, ttt_steps: int = DEFAULT_TTT_STEPS, split: str = "val",
+             max_samples: int | None = None, batch_tokens: int = 8192, max_length: int = 4096, device: str | torch.device | None = None,
              dtype: str = "float32") -> EvalResult:
     """Teacher-forced per-step accuracy of `draft` on a dump.
 
-    draft: an Eagle3Draft, or a checkpoint path/name (loaded with draft.load_draft).
+    draft: an Eagle3Draft, or a checkpoint path/name or `train --out` folder (`rundir.resolve_draft_arg`).
     data: a dump folder or an open dump.DumpReader. Its wiring must match the draft's.
     target: a loaded Target or a name/path; default: the target the dump's manifest names. Its final
         norm and lm_head give the reference distributions, its embedding feeds the draft.
     split: "val" (the dump's validation samples), "train", or "all".
     """
-    from specwire.draft.model import Eagle3Draft, load_draft
+    from specwire.draft.checkpoint import load_draft
+    from specwire.draft.model import Eagle3Draft
     from specwire.data.dump import DumpReader, open_dump
     from specwire.target.load import Target, default_device, load_target
-    from specwire.training.trainer import Dist, Totals, TargetHeads, collate, micro_batches, ttt_unroll
 
     if split not in ("val", "train", "all"):
         raise SpecwireError(f"eval split '{split}': expected val, train or all.")
@@ -89,7 +122,7 @@ def evaluate(draft, data, *, target=None, ttt_steps: int = 5, split: str = "val"
     device = torch.device(device or default_device())
     reader = data if isinstance(data, DumpReader) else open_dump(data)
     if not isinstance(draft, Eagle3Draft):
-        draft = load_draft(draft, device=device)
+        draft = load_draft(resolve_draft_arg(draft).path, device=device)
     draft.to(device)
     dw = draft.config.wiring
     dw.check_compatible(reader.wiring, expected_from="the draft", found_in=f"dump {reader.path}",
@@ -109,57 +142,6 @@ def evaluate(draft, data, *, target=None, ttt_steps: int = 5, split: str = "val"
     if not samples:
         raise SpecwireError(f"dump {reader.path}: the '{split}' split holds no samples.",
                             fix="use --split all, or a larger dump (every 50th sample is validation).")
-    lengths = [len(s["input_ids"]) for s in samples]
-    totals = Totals(ttt_steps)
-    totals.vec = totals.vec.to(device)
-    was = draft.training
-    draft.eval()
-    with torch.no_grad():
-        for mb in micro_batches(list(range(len(samples))), lengths, batch_tokens=batch_tokens, max_length=max_length):
-            batch = collate([samples[i] for i in mb], max_length=max_length, device=device)
-            totals.add(ttt_unroll(draft, heads, batch, steps=ttt_steps))
-    draft.train(was)
+    totals = measure(draft, heads, samples, steps=ttt_steps, batch_tokens=batch_tokens, max_length=max_length,
+                     device=device)
     return summarize(totals, split=split, n_samples=len(samples))
-
-
-# ---- command line ---------------------------------------------------------------------------------
-
-def add_cli(sub) -> None:
-    from specwire.cli import add_json_option
-
-    p = sub.add_parser(
-        "eval", help="offline per-step accuracy of a draft and the accept length it predicts",
-        description="Teacher-forced top-1 accuracy of each unrolled draft step on stored target states "
-        "(the dump's validation split by default), and the chain accept length it predicts: "
-        "1 + sum_k prod_{j<k} a_j. Validates the draft, not the serving wiring (see `specwire doctor`).")
-    p.add_argument("--draft", default="smollm2-135m-eagle3", help="draft folder or the shipped draft (default: %(default)s)")
-    p.add_argument("--data", required=True, help="dump folder from `specwire datagen`")
-    p.add_argument("--target", default=None, help="target name or folder (default: the one the dump names)")
-    p.add_argument("--ttt-steps", type=int, default=5, help="unrolled steps K (default: %(default)s)")
-    p.add_argument("--split", choices=["val", "train", "all"], default="val")
-    p.add_argument("--max-samples", type=int, default=None)
-    p.add_argument("--batch-tokens", type=int, default=8192)
-    p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="weights dtype of the target (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
-    add_json_option(p)
-    p.set_defaults(func=cmd_eval)
-
-
-def cmd_eval(args) -> int:
-    from specwire.cli import emit_json
-
-    r = evaluate(args.draft, args.data, target=args.target, ttt_steps=args.ttt_steps, split=args.split,
-                 max_samples=args.max_samples, batch_tokens=args.batch_tokens, device=args.device,
-                 dtype=args.dtype)
-    if args.json:
-        emit_json(r.to_dict())
-        return 0
-    print(f"draft {args.draft} on {args.data} ({r.split}: {r.n_samples} samples, {r.n_tokens} tokens)")
-    print("step  accuracy  draft-vocab acc  KL")
-    for j, (a, ad, kl) in enumerate(zip(r.step_accuracy, r.step_accuracy_draft_vocab, r.step_kl)):
-        print(f"{j:>4}  {a:8.3f}  {ad:15.3f}  {kl:.3f}")
-    print(f"predicted chain accept length: {r.predicted_accept_length:.2f}")
-    print(f"draft vocab covers {100 * r.draft_vocab_coverage:.1f}% of the target's choices")
-    return 0

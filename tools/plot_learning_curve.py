@@ -1,6 +1,6 @@
 """Plot docs/draft-build/learning-curve.json (held-out accuracy of training snapshots) as learning-curve.png.
 
-    python scripts/plot_learning_curve.py
+    python tools/plot_learning_curve.py
 
 Each point is a snapshot of the shipped draft's training run, evaluated with `specwire eval` on the held-out
 MT-bench and HumanEval answers; x is the number of conversations the draft had seen (steps x batch 8).

@@ -3,7 +3,7 @@
 Speculation pays when verifying T drafted tokens costs little more than decoding one; this measures that
 curve on the machine at hand, for both ways of computing the target's linear layers (`specwire.target.fastlinear`).
 
-    python bench/verify_cost.py --threads 2 --out docs/bench/verify-cost
+    python tools/verify_cost.py --threads 2 --out docs/bench/verify-cost
 
 Writes results.md, results.json and results.png (ms per pass against T, and the ratio to T=1) into --out.
 Median of --reps passes after a warm-up; the cache is cropped back after every pass, so each pass sees the
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         del target
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = f"python bench/verify_cost.py --threads {args.threads} --context {args.context} --reps {args.reps} --out {args.out}"
+    command = f"python tools/verify_cost.py --threads {args.threads} --context {args.context} --reps {args.reps} --out {args.out}"
     meta = {"target": args.target, "threads": args.threads, "context": args.context, "reps": args.reps,
             "torch": torch.__version__, "cpu": cpu_model(), "command": command}
     write_json(out / "results.json", {"tokens": list(TOKENS), "ms": results, **meta})

@@ -5,7 +5,7 @@ JSON round trip, validation and comparison, each tool's default ids, and the *on
 are translated between conventions. Does not load models (see `targets`) or capture states
 (see `capture`).
 
-Our convention is the **hs index** (FIELD-NOTES section 1). For a target with L decoder layers:
+Our convention is the **hs index** (`docs/CONVENTIONS.md` section 1). For a target with L decoder layers:
   hs 0      = embedding output (input of decoder layer 0)
   hs i      = residual stream after decoder layer i-1 = input of layer i, 1 <= i <= L
   hs L      = output of the last layer, *before* the final norm.

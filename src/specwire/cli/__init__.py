@@ -5,7 +5,7 @@ one line on stderr and exit code 2 (no traceback for a user mistake). Each comma
 its own module here (`cli/<group>.py`, with `add_cli(subparsers)`); each handler parses, makes one
 library call that a test can make too, and prints. Options shared by several commands, and the
 flags generated from config dataclasses, live in `cli/options.py` and `cli/spec.py`. No library
-module imports this package (`tests/test_architecture.py`).
+module imports this package (`tests/unit/test_architecture.py`).
 """
 
 from __future__ import annotations

@@ -22,10 +22,9 @@ One round, for the last accepted target position b (EAGLE-3, Li et al. 2025):
 Draft positions follow the training convention (`training.ttt.ttt_unroll`): a real input (g_t, x_{t+1}) sits
 at position t, and every drafted node of a round, at any depth, at position b, as TTT step d at
 position t keeps the position id t (EAGLE-3 reference training, SpecForge). EAGLE's inference code,
-SGLang and vLLM instead feed a depth-d node at b+d, which the draft never saw in training: on the
-self-distilled setup of tests/test_online_offline.py, b+d lowered live chain acceptance at draft
-positions 1-3 from 0.75/0.74/0.74 (equal to the offline replay) to 0.67/0.51/0.60, and the accept
-length from 2.64 to 2.37 (chain) and from 2.86 to 2.64 (tree).
+SGLang and vLLM instead feed a depth-d node at b+d, which the draft never saw in training; measured on
+the self-distilled setup of the online-vs-offline tests, b+d lowers live acceptance at every draft
+position past 0 and the accept length of chains and trees alike.
 
 Metrics in `GenerationResult.extra`:
   accept_length        mean tokens produced per verification pass (accepted draft tokens + 1 bonus),

@@ -1,7 +1,7 @@
 """The EAGLE-3 draft model and its native checkpoint.
 
 Owns: `DraftConfig` (geometry + the `Wiring` it was trained for), the `Eagle3Draft` module as SGLang's
-`LlamaForCausalLMEagle3` and speculators' `Eagle3DraftModel` run it (FIELD-NOTES section 2), and the
+`LlamaForCausalLMEagle3` and speculators' `Eagle3DraftModel` run it (`docs/CONVENTIONS.md` section 2), and the
 native checkpoint's format markers. Does not own attention *patterns*: the caller passes an `attend` function
 (causal for plain use, TTT masks in training, tree masks in decoding) so one module serves all three.
 

@@ -1,6 +1,6 @@
 """The draft vocabulary: which target token ids the draft's lm_head predicts.
 
-Owns: building the `d2t` / `t2d` maps from assistant-token frequencies (FIELD-NOTES section 2), the
+Owns: building the `d2t` / `t2d` maps from assistant-token frequencies (`docs/CONVENTIONS.md` section 2), the
 coverage they give, and a coverage table over candidate sizes (from which a draft vocab size is
 picked). Pure functions on tensors; no model, no files. The counts come from the dump
 (`dump.DumpReader.vocab_counts()`); the maps are checked by `draft.check_vocab_map` and stored in the

@@ -7,7 +7,7 @@ and the pure flag rules it enforces (`sglang_max_draft_tokens`, `check_sglang_fl
 here first: the checkpoint layout the engine loads, the layer ids as that engine reads them against
 the draft's Wiring, SGLang's topk=1 override, the size of the draft tree, max_position_embeddings,
 vocabulary and hidden sizes. Does not convert checkpoints (`interop.convert`) and never runs an engine.
-Engine facts are "true for the versions read" (FIELD-NOTES sections 3 and 5).
+Engine facts are "true for the versions read" (`docs/CONVENTIONS.md` sections 3 and 5).
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Pre-transposed linear layers: cheaper multi-token passes of the target on CPU.
 
 Scope: the `PretransposedLinear` module and `pretranspose_linears`, which swaps a model's `nn.Linear`
-layers for it in place. Does not own model loading (`targets`) or timing (`bench`).
+layers for it in place. Does not own model loading (`target.load`) or timing (`tools/verify_cost.py`).
 
 Why: `nn.Linear` computes x @ W.T with W stored [out, in]. On CPU, torch's GEMM path for a few rows
-against that transposed view is slow: with SmolLM2-135M's [3072, 576] MLP weight, 6 rows cost about
-2x what x @ Wt costs when Wt is stored [in, out] contiguously, while 1 row costs the same either way
-(one matrix, 1 thread). Speculation lives on multi-token verify passes, so the swap can help drafted
-decoding. Over a whole SmolLM2-135M pass at 2 threads the gain for 4-32 tokens is 4-13% on one of our
-machines and 6-38% on another, and 2-token passes are slower on both (`bench/verify_cost.py`,
-docs/BENCHMARKS.md). It depends on the CPU, so it is opt-in:
+against that transposed view can be much slower than x @ Wt with Wt stored [in, out] contiguously,
+while a single row costs the same either way. Speculation lives on multi-token verify passes, so the
+swap can help drafted decoding; whether it does depends on the CPU and the pass size
+(`tools/verify_cost.py` measures it; docs/BENCHMARKS.md has our figures), so it is opt-in:
 `load_target(..., linear="pretransposed")`, `--linear pretransposed`. A benchmark applies it to the one
 target that every method shares, so the comparison stays fair.
 

@@ -1,10 +1,10 @@
 """What a training run reads: dumps (one or several, merged), online conversations, and batch order.
 
 Owns: the in-memory splits (`DataSet`, `RunData`), opening and checking the data against the run's
-wiring (`load_run_data`: each dump by name; online mode: a datagen folder's conversations.jsonl, the
-states captured per batch by `materialize`), and the order of samples (`epoch_batches`: a pure function
+wiring (`load_run_data`: each dump by name; online mode: the conversations of datagen or selfinstruct
+folders, the states captured per batch by `materialize`), and the order of samples (`epoch_batches`: a pure function
 of (seed, epoch); `rank_share`; `micro_batches` under a token budget). Does not own the dump format
-(`data.dump`), the capture (`data.datagen.capture_batch`) or padding into a batch (`training.ttt.collate`).
+(`data.dump`), the capture (`target.capture.capture_batch`) or padding into a batch (`training.ttt.collate`).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def manifest_target(data: str) -> str | None:
 
 def load_run_data(config: TrainConfig, target) -> RunData:
     """Open the data (dump or conversations), check it against the run's wiring, and load its splits."""
-    from specwire.data.dump import CONVERSATIONS, MANIFEST, is_validation, open_dump, read_conversations
+    from specwire.data.dump import is_validation, open_dump
 
     if not config.online:
         first = config.data_dirs[0]
@@ -90,42 +90,69 @@ def load_run_data(config: TrainConfig, target) -> RunData:
         counts = sum((r.vocab_counts() for r in readers[1:]), readers[0].vocab_counts())
         return RunData(train=train, val=val, wiring=readers[0].wiring, vocab_counts=counts,
                        target_name=readers[0].manifest.get("target"), source="dump " + ", ".join(config.data_dirs))
-    data = Path(config.data)
-    # online: conversations.jsonl of a datagen run (phase 1); states are captured per batch
-    conv_path = data / CONVERSATIONS if data.is_dir() else data
+    # online: the conversations of datagen folders (phase 1) or selfinstruct folders; states are captured per batch
     from specwire.wiring import default_hs_ids
 
     hs_ids = config.hs_ids if config.hs_ids is not None else list(default_hs_ids(target.num_layers))
     expect = expected_wiring(target, hs_ids)
-    man = conv_path.parent / MANIFEST
-    if man.is_file():  # a datagen folder: its manifest must agree with the run
-        from specwire.data.dump import parse_manifest
-
-        found, _ = parse_manifest(read_json(man, what="dump manifest"), path=man)
-        expect.check_compatible(found, expected_from="this run", found_in=f"{man}",
-                                ignore=() if config.hs_ids is not None else ("hs_ids",))
-    recs = read_conversations(conv_path)
-    if not recs:
-        raise SpecwireError(f"{conv_path}: no conversations; run `specwire datagen` first.")
     V = target.spec.vocab_size
     counts = torch.zeros(V, dtype=torch.int64)
     samples = []
-    for r in recs:
-        ids = torch.tensor(r["input_ids"], dtype=torch.long)
-        mask = torch.tensor(r["loss_mask"], dtype=torch.uint8)
-        if bool((ids < 0).any()) or bool((ids >= V).any()):
-            raise SpecwireError(f"{conv_path}: sample {r['index']} holds token ids outside the target vocabulary 0..{V - 1}.")
-        counts += torch.bincount(ids[mask.bool()], minlength=V)
-        samples.append({"input_ids": ids, "loss_mask": mask, "index": int(r["index"])})
+    sources = []
+    for folder in config.data_dirs:
+        recs, where = online_conversations(Path(folder), expect=expect, hs_ids_given=config.hs_ids is not None)
+        sources.append(where)
+        for r in recs:
+            ids = torch.tensor(r["input_ids"], dtype=torch.long)
+            mask = torch.tensor(r["loss_mask"], dtype=torch.uint8)
+            if bool((ids < 0).any()) or bool((ids >= V).any()):
+                raise SpecwireError(f"{where}: sample {r['index']} holds token ids outside the target vocabulary 0..{V - 1}.")
+            counts += torch.bincount(ids[mask.bool()], minlength=V)
+            samples.append({"input_ids": ids, "loss_mask": mask, "index": int(r["index"])})
     train = [s for s in samples if not is_validation(s["index"])]
     val = [s for s in samples if is_validation(s["index"])]
+    source = "conversations " + ", ".join(sources)
     if config.eval_data is not None:
         train = samples
         val = list(open_dump(config.eval_data, expect=expect).iter_samples(None))
         return RunData(train=DataSet(train, online=True), val=DataSet(val), wiring=expect, vocab_counts=counts,
-                       target_name=None, source=f"conversations {conv_path}")
+                       target_name=None, source=source)
     return RunData(train=DataSet(train, online=True), val=DataSet(val, online=True), wiring=expect,
-                   vocab_counts=counts, target_name=None, source=f"conversations {conv_path}")
+                   vocab_counts=counts, target_name=None, source=source)
+
+
+def online_conversations(data: Path, *, expect: Wiring, hs_ids_given: bool) -> tuple[list[dict], str]:
+    """The conversations of one online source, checked against the run: (records, where they came from).
+
+    A datagen folder (or its conversations.jsonl) is checked through its dump manifest's wiring; a
+    selfinstruct folder through the target identity its manifest records (it holds no hs ids: the
+    states are captured now, at the run's ids).
+    """
+    from specwire.data import selfinstruct
+    from specwire.data.dump import CONVERSATIONS, MANIFEST, parse_manifest, read_conversations
+    from specwire.wiring import TargetSpec
+
+    man = (data if data.is_dir() else data.parent) / MANIFEST
+    meta = read_json(man, what="manifest") if man.is_file() else None
+    if data.is_dir() and meta is not None and meta.get("format") == selfinstruct.FORMAT:
+        ident = meta.get("identity") or {}
+        found = Wiring(hs_ids=expect.hs_ids, target=TargetSpec.from_dict(ident.get("target") or {}, source=f"{man}: identity"),
+                       tokenizer_fingerprint=ident.get("tokenizer_fingerprint"),
+                       chat_template_hash=ident.get("chat_template_hash"))
+        expect.check_compatible(found, expected_from="this run", found_in=str(man), ignore=("hs_ids",))
+        recs = selfinstruct.read_conversations(data)
+        where = f"{data} (selfinstruct)"
+    else:
+        conv_path = data / CONVERSATIONS if data.is_dir() else data
+        if meta is not None:  # a datagen folder: its manifest must agree with the run
+            found, _ = parse_manifest(meta, path=man)
+            expect.check_compatible(found, expected_from="this run", found_in=f"{man}",
+                                    ignore=() if hs_ids_given else ("hs_ids",))
+        recs = read_conversations(conv_path)
+        where = str(conv_path)
+    if not recs:
+        raise SpecwireError(f"{where}: no conversations; run `specwire datagen` or `specwire selfinstruct` first.")
+    return recs, where
 
 
 def materialize(samples: list[dict], *, target, hs_ids: Sequence[int], max_length: int) -> list[dict]:

@@ -8,7 +8,7 @@ and putting a run folder back in order after a SIGKILL (`recover_run_folder`). D
 
 The data order is a pure function of (seed, epoch) and the learning rate a pure function of the step,
 so the step number is the whole data position: a rerun of the same command resumes and reproduces the
-uninterrupted run step for step (tests/test_kill.py kills `specwire train` with SIGKILL to check it).
+uninterrupted run step for step (tests/integration/test_kill.py kills `specwire train` with SIGKILL to check it).
 """
 
 from __future__ import annotations

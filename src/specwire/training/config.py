@@ -27,11 +27,11 @@ class TrainConfig:
     """Everything `train` needs. The CLI generates its flags from these fields; tests build it directly."""
 
     # typing.Union (not "|"): the flag generator reads it as "one or more values"
-    data: Union[str, list[str]]  # dump folder(s), merged after each is checked against the wiring (online: one datagen folder)
+    data: Union[str, list[str]]  # dump folder(s), merged after each is checked against the wiring (online: datagen or selfinstruct folders)
     out: str  # run folder (checkpoint/, draft/, metrics.jsonl)
     target: str | None = None  # target name/path; default: the one the dump's manifest names
     hs_ids: list[int] | None = None  # expected fused hs ids; default: the dump's (online: EAGLE-3 default)
-    online: bool = False  # capture target states per batch from conversations.jsonl instead of shards
+    online: bool = False  # capture target states per batch from the folders' conversations instead of shards
     eval_data: str | None = None  # separate validation dump; default: the dump's own val split
     ttt_steps: int = DEFAULT_TTT_STEPS  # unrolled draft steps K
     draft_vocab_size: int | None = None  # draft vocabulary (default: min(16384, target vocab))
@@ -64,9 +64,6 @@ class TrainConfig:
                 raise SpecwireError("TrainConfig.data: expected a dump folder, found an empty list.")
             if len(self.data) == 1:
                 self.data = self.data[0]
-            elif self.online:
-                raise SpecwireError(f"TrainConfig.data: online mode reads one datagen folder, found {len(self.data)}.",
-                                    fix="merge the prompts into one datagen run, or capture dumps and train without --online.")
         if self.hs_ids is not None:
             self.hs_ids = [int(i) for i in self.hs_ids]
         self.betas = tuple(float(b) for b in self.betas)

@@ -52,8 +52,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import make_tiny_target_dir
 from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
+
+from helpers import make_tiny_target_dir
 
 K = 4  # TTT steps = chain depth
 TREE = SpecConfig(num_steps=K, topk=4, num_draft_tokens=16)  # the engine's default tree shape at depth K

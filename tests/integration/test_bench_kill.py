@@ -22,7 +22,8 @@ from specwire.bench.config import BenchConfig
 from specwire.bench.record import RUNS_FILE, read_record
 from specwire.bench.run import run_bench
 from specwire.decode.engine import SpecConfig
-from test_bench import _random_tiny_draft
+
+from helpers import random_tiny_draft
 
 if sys.platform == "win32":  # pragma: no cover
     pytest.skip("SIGKILL is POSIX", allow_module_level=True)
@@ -62,7 +63,7 @@ def test_a_bench_killed_with_sigkill_resumes_and_reports_what_an_uninterrupted_r
     import torch
 
     torch.set_num_threads(1)  # as the subprocesses run (--threads 1); the conftest fixture restores it
-    draft = _random_tiny_draft(tiny_llama_target, tmp_path / "draft")
+    draft = random_tiny_draft(tiny_llama_target, tmp_path / "draft")
     prompts = _prompt_file(tmp_path / "prompts.jsonl")
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "specwire", "bench", "--target", str(tiny_llama_target.info.path), "--draft", str(draft),

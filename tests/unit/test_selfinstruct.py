@@ -143,11 +143,13 @@ def test_run_then_resume_regenerates_the_last_shard_identically(tiny_llama_targe
 
     last = out / shard_name(1)
     first_records, last_records = _records(out / shard_name(0)), _records(last)
+    last_bytes = last.read_bytes()
     entry = manifest["shards"][1]
     write_json(out / MANIFEST, {**manifest, "shards": manifest["shards"][:1]})  # as if killed before listing it
     again = run_selfinstruct(cfg, target=t)
     assert again.conversations == 6 and [s.shard for s in again.new_shards] == [1]
     assert _records(last) == last_records and _records(out / shard_name(0)) == first_records
+    assert last.read_bytes() == last_bytes  # the gzip header holds no name and no time: same records, same bytes
     assert _without_timings(read_json(out / MANIFEST)["shards"][1]) == _without_timings(entry)
     assert run_selfinstruct(cfg, target=t).new_shards == []  # finished: a rerun does nothing
 
@@ -168,3 +170,22 @@ def test_cli_refuses_a_changed_option_on_resume(tiny_llama_target, tiny_target, 
     rc = main([*common, "--conversations", "3", "--max-new-tokens", "9"])
     err = capsys.readouterr().err
     assert rc == 2 and "another options" in err and "max_new_tokens" in err and "Traceback" not in err
+
+
+def test_online_training_reads_selfinstruct_folders_checked_against_the_target(tiny_llama_target, tiny_target, tmp_path):
+    """`train --online` takes selfinstruct folders (several, merged); a folder made by another target is refused."""
+    from specwire.errors import WiringMismatch
+    from specwire.target.load import load_target
+    from specwire.training.batches import load_run_data
+    from specwire.training.config import TrainConfig
+
+    out = tmp_path / "si"
+    run_selfinstruct(SelfInstructConfig(out=str(out), target=str(tiny_target("llama")), filters=LOOSE,
+                                        **{**SMALL, "conversations": 3}), target=tiny_llama_target)
+    cfg = TrainConfig(data=[str(out), str(out)], out=str(tmp_path / "run"), online=True, progress=False)
+    data = load_run_data(cfg, tiny_llama_target)
+    assert len(data.train) + len(data.val) == 6 and "(selfinstruct)" in data.source
+    assert int(data.vocab_counts.sum()) == 2 * sum(sum(r["loss_mask"]) for r in read_conversations(out))
+    other = load_target(tiny_target("llama", seed=1), device="cpu")  # same shapes, other weights
+    with pytest.raises(WiringMismatch, match="target fingerprint"):
+        load_run_data(cfg, other)

@@ -25,8 +25,10 @@ from specwire.decode.engine import SpecConfig, load_engine_draft
 from specwire.server import Admission, RequestError, ServeConfig, create_app, decode_body, make_server
 from specwire.server.protocol import MAX_JSON_DEPTH
 
+from helpers import make_draft_dir
+
 MODEL = "tiny"
-_spec = importlib.util.spec_from_file_location("serve_load", Path(__file__).resolve().parents[1] / "tools" / "serve_load.py")
+_spec = importlib.util.spec_from_file_location("serve_load", Path(__file__).resolve().parents[2] / "tools" / "serve_load.py")
 load = importlib.util.module_from_spec(_spec)
 sys.modules["serve_load"] = load
 _spec.loader.exec_module(load)
@@ -161,8 +163,6 @@ def events_of(reply):
 
 @pytest.fixture(scope="module")
 def draft(tiny_llama_target, tmp_path_factory):
-    from test_serve import make_draft_dir
-
     return load_engine_draft(make_draft_dir(tiny_llama_target, tmp_path_factory.mktemp("http-draft") / "d"),
                              tiny_llama_target)
 

@@ -18,6 +18,8 @@ from specwire.bench.summary import add_speedups, first_difference, summarize, we
 from specwire.decode.engine import SpecConfig
 from specwire.errors import SpecwireError
 
+from helpers import random_tiny_draft
+
 STABLE_RESULT_KEYS = {"method", "tokens_per_s", "accept_length", "lossless"}
 HF_AND_PLAIN = ("hf-generate", "hf-prompt-lookup", "plain")
 
@@ -179,24 +181,9 @@ def test_oracle_is_added_when_plain_is_left_out(tiny_llama_target, prompt_file):
     assert rep.notes and rep.run_dir is None
 
 
-def _random_tiny_draft(target, out: Path, *, seed: int = 0, draft_vocab_size: int = 200) -> Path:
-    """A randomly initialised draft for `target`, saved as a native checkpoint (first ids = draft vocab)."""
-    from specwire.draft.checkpoint import save_draft
-    from specwire.draft.model import DraftConfig, Eagle3Draft
-    from specwire.target.load import chat_template_hash, tokenizer_fingerprint
-    from specwire.wiring import Wiring, default_hs_ids
-
-    wiring = Wiring(hs_ids=default_hs_ids(target.num_layers), target=target.spec,
-                    tokenizer_fingerprint=tokenizer_fingerprint(target.tokenizer),
-                    chat_template_hash=chat_template_hash(target.tokenizer))
-    torch.manual_seed(seed)
-    draft = Eagle3Draft(DraftConfig.for_target(target.model.config, wiring, draft_vocab_size=draft_vocab_size))
-    return save_draft(draft, out)
-
-
 def test_run_bench_all_methods_with_random_tiny_draft(tiny_llama_target, prompt_file, tmp_path):
     pytest.importorskip("specwire.decode.engine", reason="the speculative engine (specwire.decode.engine) is not installed yet")
-    draft_dir = _random_tiny_draft(tiny_llama_target, tmp_path / "draft")
+    draft_dir = random_tiny_draft(tiny_llama_target, tmp_path / "draft")
     cfg = BenchConfig(target=str(tiny_llama_target.info.path), draft=str(draft_dir), prompts=str(prompt_file),
                       max_new_tokens=16, spec=SpecConfig(num_steps=3, topk=2, num_draft_tokens=6), warmup_tokens=2,
                       out_dir=str(tmp_path / "run"), progress=False)
@@ -296,7 +283,7 @@ def test_demo_without_a_fitting_shipped_draft_decodes_plainly(tiny_llama_target,
 
 def test_demo_with_a_draft_streams_speculatively_and_benchmarks_it(tiny_llama_target, tmp_path):
     pytest.importorskip("specwire.decode.engine", reason="the speculative engine (specwire.decode.engine) is not installed yet")
-    draft_dir = _random_tiny_draft(tiny_llama_target, tmp_path / "draft")
+    draft_dir = random_tiny_draft(tiny_llama_target, tmp_path / "draft")
     out = _demo(["--target", str(tiny_llama_target.info.path), "--draft", str(draft_dir), "--out", str(tmp_path / "demo")])
     assert "tree speculation" in out and "accept length" in out
     for m in ("hf-generate", "plain", "eagle3-chain", "eagle3-tree"):

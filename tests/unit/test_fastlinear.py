@@ -6,13 +6,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import make_tiny_model, make_tiny_target_dir
 from specwire.decode.engine import load_engine_draft, speculative_generate
 from specwire.errors import SpecwireError
 from specwire.target.fastlinear import PretransposedLinear, is_pretransposed, pretranspose_linears
 from specwire.decode.plain import plain_generate
 from specwire.target.load import load_target
-from test_engine import OracleProposer, make_draft_dir, prompt_of
+
+from helpers import OracleProposer, make_draft_dir, make_tiny_model, make_tiny_target_dir, prompt_of
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -103,7 +103,7 @@ def test_verify_cost_script_writes_its_tables(swapped, tmp_path):
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "verify_cost.py"
+    path = Path(__file__).resolve().parents[2] / "tools" / "verify_cost.py"
     spec = importlib.util.spec_from_file_location("verify_cost", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

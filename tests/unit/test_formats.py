@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specwire.draft.checkpoint import load_draft, save_draft
+from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import DraftConfig, Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
 from specwire.interop.convert import export_draft, import_draft, native_shapes
@@ -26,54 +26,12 @@ from specwire.interop.inspect import (
     read_checkpoint,
 )
 from specwire.interop.sglang import native_to_sglang_key, remap_keys, sglang_to_native_key
-from specwire.target.load import chat_template_hash, tokenizer_fingerprint
-from specwire.wiring import SGLANG_VERSIONS, Wiring, default_hs_ids, hs_to_sglang_ids, sglang_readings, sglang_to_hs
+from specwire.wiring import SGLANG_VERSIONS, hs_to_sglang_ids, sglang_readings, sglang_to_hs
 
-DRAFT_VOCAB = 128
-
-
-# ---- helpers (also used by test_launch and test_peers) ---------------------------------------------
-
-def tiny_wiring(target, hs_ids=None) -> Wiring:
-    """The wiring a draft trained on `target` (a loaded specwire Target) would carry."""
-    return Wiring(
-        hs_ids=tuple(hs_ids or default_hs_ids(target.num_layers)), target=target.spec,
-        tokenizer_fingerprint=tokenizer_fingerprint(target.tokenizer), chat_template_hash=chat_template_hash(target.tokenizer),
-    )
+from helpers import DRAFT_VOCAB, make_native, read_cfg, tiny_wiring, write_cfg
 
 
-def make_draft(target, *, hs_ids=None, draft_vocab: int = DRAFT_VOCAB, norm_before_residual: bool = False,
-               seed: int = 0) -> Eagle3Draft:
-    """A random tiny draft for `target` with a random valid vocab map and non-trivial norm weights."""
-    cfg = DraftConfig.for_target(target.model.config, tiny_wiring(target, hs_ids), draft_vocab_size=draft_vocab,
-                                 norm_before_residual=norm_before_residual)
-    torch.manual_seed(seed)
-    draft = Eagle3Draft(cfg)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in draft.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
-    V = cfg.vocab_size
-    ids = torch.randperm(V, generator=g)[:draft_vocab].sort().values  # target ids kept, sorted
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[ids] = True
-    draft.set_vocab_map(ids - torch.arange(draft_vocab), t2d)
-    return draft
-
-
-def make_native(tmp_path: Path, target, name: str = "native", **kw) -> Path:
-    dtype = kw.pop("dtype", None)
-    return save_draft(make_draft(target, **kw), Path(tmp_path) / name, dtype=dtype)
-
-
-def read_cfg(path: Path) -> dict:
-    return json.loads((Path(path) / "config.json").read_text())
-
-
-def write_cfg(path: Path, cfg: dict) -> None:
-    (Path(path) / "config.json").write_text(json.dumps(cfg, indent=2))
-
+# ---- helpers of this file ----------------------------------------------------------------------------
 
 def assert_bitwise_equal(a: Path, b: Path) -> None:
     ta, tb = load_file(str(Path(a) / "model.safetensors")), load_file(str(Path(b) / "model.safetensors"))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "specwire"
+SRC = Path(__file__).resolve().parents[2] / "src" / "specwire"
 MAX_LINES = 700
 
 

@@ -19,7 +19,8 @@ import torch
 from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import causal_attend, masked_attend
 from specwire.interop.convert import export_draft
-from test_formats import make_native
+
+from helpers import make_native
 
 T = 9  # sequence length of the comparison
 ATOL = 1e-5

@@ -19,7 +19,8 @@ from specwire.errors import SpecwireError, WiringMismatch
 from specwire.interop import inspect as reader
 from specwire.interop.convert import export_draft
 from specwire.interop.inspect import engine_reading, read_checkpoint
-from test_formats import make_native, read_cfg, write_cfg
+
+from helpers import make_native, read_cfg, write_cfg
 
 L = 8  # the tiny target's layers
 

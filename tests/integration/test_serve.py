@@ -6,39 +6,22 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from specwire.cli import main
-from specwire.draft.checkpoint import save_draft
-from specwire.draft.model import DraftConfig, Eagle3Draft
 from specwire.decode.engine import SpecConfig, load_engine_draft
 from specwire.decode.plain import plain_generate
 from specwire.decode.text import TextStream as TextTracker
 from specwire.server import RequestError, ServerMetrics, create_app, parse_request, render_prometheus
-from specwire.wiring import Wiring
+
+from helpers import feed_stream, make_draft_dir, toy_decode
 
 MODEL = "tiny"
 
 
 # ---- pure parts --------------------------------------------------------------------------------------------
 
-def _chars(ids):
-    """A decode for tests: id i is chr(i); id 0 stands for half a character (shows as U+FFFD at the end)."""
-    s = "".join(chr(i) if i else "é" for i in ids)
-    return s[:-1] + "\ufffd" if ids and ids[-1] == 0 else s
-
-
-def _feed(tracker, text_ids):
-    pieces = []
-    for i in text_ids:
-        pieces.append(tracker.add(i))
-        if tracker.stopped:  # the server ends the generation here
-            return pieces
-    return pieces + [tracker.finish()]
-
-
 def test_text_tracker_releases_everything_without_stop_strings_but_holds_half_characters():
-    t = TextTracker(_chars, [])
+    t = TextTracker(toy_decode, [])
     assert t.add(ord("a")) == "a"
     assert t.add(0) == ""  # half a character: held back
     assert t.add(ord("b")) == "éb"
@@ -47,20 +30,20 @@ def test_text_tracker_releases_everything_without_stop_strings_but_holds_half_ch
 
 def test_text_tracker_stops_at_the_first_stop_string_even_across_tokens():
     ids = [ord(c) for c in "hello END world"]
-    t = TextTracker(_chars, ["END", "wor"])
-    pieces = _feed(t, ids)
+    t = TextTracker(toy_decode, ["END", "wor"])
+    pieces = feed_stream(t, ids)
     assert t.stopped and t.text == "hello " and "".join(pieces) == "hello "
     assert len(t.ids) == len("hello EN") + 1  # stopped at the token completing the stop string
     # the released pieces never contain the start of a stop string before it is complete
-    t = TextTracker(_chars, ["xyz"])
-    pieces = _feed(t, [ord(c) for c in "abxyxyz"])
+    t = TextTracker(toy_decode, ["xyz"])
+    pieces = feed_stream(t, [ord(c) for c in "abxyxyz"])
     assert "".join(pieces) == "abxy" and t.text == "abxy"
 
 
 def test_text_tracker_stream_equals_final_text_when_no_stop_is_hit():
     ids = [ord(c) for c in "no stop here"] + [0, ord("!")]
-    t = TextTracker(_chars, ["zz", "q"])
-    assert "".join(_feed(t, ids)) == t.text == "no stop hereé!"
+    t = TextTracker(toy_decode, ["zz", "q"])
+    assert "".join(feed_stream(t, ids)) == t.text == "no stop hereé!"
     assert not t.stopped
 
 
@@ -144,20 +127,6 @@ def test_metrics_aggregate_requests_and_render_prometheus():
 
 
 # ---- the app on a tiny target --------------------------------------------------------------------------------
-
-def make_draft_dir(target, out, *, seed: int = 0, draft_vocab: int = 128):
-    """A random but valid EAGLE-3 draft for `target` (as in test_engine), saved natively."""
-    torch.manual_seed(seed)
-    L = target.num_layers
-    w = Wiring(hs_ids=(0, L // 2, L), target=target.spec)
-    draft = Eagle3Draft(DraftConfig.for_target(target.model.config, w, draft_vocab_size=draft_vocab))
-    V = target.spec.vocab_size
-    ids = torch.randperm(V, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[ids] = True
-    draft.set_vocab_map(ids - torch.arange(draft_vocab), t2d)
-    return save_draft(draft, out)
-
 
 @pytest.fixture(scope="module")
 def draft(tiny_llama_target, tmp_path_factory):

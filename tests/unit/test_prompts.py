@@ -29,7 +29,7 @@ def _load_build_pool_tool():
     import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "build_pool.py"
+    path = Path(__file__).resolve().parents[2] / "tools" / "build_pool.py"
     spec = importlib.util.spec_from_file_location("build_pool", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclasses look their module up there

@@ -10,7 +10,8 @@ import pytest
 from specwire.errors import SpecwireError
 from specwire.interop.convert import export_draft
 from specwire.interop.launch import check_sglang_flags, launch_command, sglang_max_draft_tokens
-from test_formats import make_native, read_cfg, write_cfg
+
+from helpers import make_native, read_cfg, write_cfg
 
 
 @pytest.fixture()

@@ -11,9 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_tiny_target_dir
-from specwire.draft.checkpoint import save_draft
-from specwire.draft.model import DraftConfig, Eagle3Draft
 from specwire.decode.engine import (
     SpecConfig,
     keep_accepted,
@@ -26,26 +23,8 @@ from specwire.decode.plain import plain_generate
 from specwire.decode.sampling import SamplingParams, make_generator
 from specwire.target.load import load_target
 from specwire.decode.tree import DraftTree, chain_tree
-from specwire.wiring import Wiring
 
-
-
-def make_draft_dir(target, out, *, seed: int = 0, draft_vocab: int = 128, hs_ids=None):
-    """A random but valid EAGLE-3 draft for `target` (random vocab subset as d2t/t2d), saved natively.
-
-    Default hs ids: the embeddings, a middle layer and the last layer (pre-norm), so both hook kinds run."""
-    torch.manual_seed(seed)
-    L = target.num_layers
-    hs_ids = hs_ids or (0, L // 2, L)
-    w = Wiring(hs_ids=hs_ids, target=target.spec)
-    draft = Eagle3Draft(DraftConfig.for_target(target.model.config, w, draft_vocab_size=draft_vocab))
-    g = torch.Generator().manual_seed(seed)
-    V = target.spec.vocab_size
-    ids = torch.randperm(V, generator=g)[:draft_vocab].sort().values
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[ids] = True
-    draft.set_vocab_map(ids - torch.arange(draft_vocab), t2d)
-    return save_draft(draft, out)
+from helpers import OracleProposer, make_draft_dir, make_tiny_target_dir, prompt_of
 
 
 @pytest.fixture(scope="module")
@@ -62,49 +41,6 @@ def draft_dir(target, tmp_path_factory):
 @pytest.fixture(scope="module")
 def draft(target, draft_dir):
     return load_engine_draft(draft_dir, target)
-
-
-def prompt_of(n: int, seed: int = 0) -> list[int]:
-    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-class OracleProposer:
-    """Proposes the reference continuation, with mistakes; the correct child is never the first one in a tree.
-
-    Round r puts a wrong token at depth (r mod (steps + 2)) when that is < steps, so acceptance lengths vary
-    from 0 to all. In a tree every node on the proposed path has a wrong first sibling, so accepting
-    anything means keeping a non-contiguous branch of the target's KV cache.
-    """
-
-    hs_ids: tuple[int, ...] = ()
-
-    def __init__(self, prompt: list[int], continuation: list[int], vocab: int):
-        self.ref = list(prompt) + list(continuation)
-        self.seq: list[int] = list(prompt[:1])
-        self.vocab = vocab
-        self.round = 0
-
-    def _truth(self, i: int) -> int:
-        return self.ref[i] if i < len(self.ref) else 0
-
-    def propose(self, states, tokens, start, *, steps, spec, tree, params, generator) -> DraftTree:
-        assert states is None and len(self.seq) == start + 1
-        self.seq = self.seq[: start + 1] + tokens.tolist()
-        n = len(self.seq)  # the root is seq[-1]; depth d predicts position n - 1 + d
-        bad = self.round % (steps + 2) if steps else -1
-        self.round += 1
-        path = [self._truth(n + d) for d in range(steps)]
-        if 0 <= bad < steps:
-            path[bad] = (path[bad] + 1) % self.vocab
-        root = tokens[-1]
-        if not tree:
-            return chain_tree(root, torch.tensor(path, dtype=torch.long))
-        toks, parents, node = [int(root)], [-1], 0
-        for d, tok in enumerate(path):
-            toks += [(tok + 7) % self.vocab, tok]  # a wrong sibling first, then the proposal
-            parents += [node, node]
-            node = len(toks) - 1
-        return DraftTree(tokens=torch.tensor(toks), parents=parents)
 
 
 # ---- the tree pass itself -----------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import make_tiny_target_dir
 
 from specwire.doctor import checks as doctor
 from specwire.doctor.checks import Finding, ids_fix
@@ -35,6 +34,8 @@ from specwire.doctor.search import WiringScorer, all_candidates, search_wirings
 from specwire.doctor.states import capture_all_layers, data_prompts, greedy_continuations
 from specwire.wiring import classify_wiring
 from specwire.errors import SpecwireError
+
+from helpers import make_tiny_target_dir
 
 TRAINED = [2, 4, 6]  # hs indices the scenario draft was trained on (L = 8)
 SGLANG_TRAINED = [1, 3, 5]

@@ -21,7 +21,8 @@ from safetensors.torch import load_file, save_file
 
 from specwire.cli import main
 from specwire.interop.convert import export_draft
-from test_formats import make_native
+
+from helpers import make_native
 
 
 def _cfg(d: Path) -> dict:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ARCHS, PAD_ID, make_tiny_model
 from specwire.target.capture import capture_hidden_states, capture_hooks, position_ids_from_mask
 from specwire.errors import SpecwireError
 from specwire.target.load import model_parts
+
+from helpers import ARCHS, PAD_ID, make_tiny_model
 
 ATOL = 1e-5
 

@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from specwire.safeio import load_tensors
-from test_train import base_config, one_thread, pattern_samples, read_metrics, write_dump
+
+from helpers import base_config, one_thread, pattern_samples, read_metrics, write_dump
 
 LAUNCHER = r'''
 import os, signal, sys

@@ -11,7 +11,8 @@ from specwire.errors import SpecwireError, WiringMismatch
 from specwire.training.evaluate import EvalResult, evaluate, predicted_accept_length
 from specwire.training.config import TrainConfig
 from specwire.training.trainer import train
-from test_train import one_thread, pattern_samples, write_dump
+
+from helpers import one_thread, pattern_samples, write_dump
 
 
 def test_predicted_accept_length():

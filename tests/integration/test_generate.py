@@ -15,7 +15,8 @@ from specwire.decode.engine import SpecConfig
 from specwire.decode.generate import GenerateConfig, decode_reply, generate_reply
 from specwire.decode.sampling import SamplingParams
 from specwire.errors import SpecwireError
-from test_bench import _random_tiny_draft
+
+from helpers import random_tiny_draft
 
 
 def _run(capsys, *argv: str) -> tuple[str, str]:
@@ -28,7 +29,7 @@ def _run(capsys, *argv: str) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def tiny_draft(tiny_llama_target, tmp_path_factory):
-    return _random_tiny_draft(tiny_llama_target, tmp_path_factory.mktemp("draft") / "d")
+    return random_tiny_draft(tiny_llama_target, tmp_path_factory.mktemp("draft") / "d")
 
 
 def test_the_streamed_pieces_are_the_decoded_text(tiny_llama_target):

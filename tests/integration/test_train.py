@@ -8,7 +8,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,81 +15,16 @@ import torch.nn.functional as F
 
 from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import DraftConfig, Eagle3Draft, masked_attend
-from specwire.data.dump import DUMP_FORMAT, DUMP_FORMAT_VERSION, MANIFEST, SHARD_FORMAT, VOCAB_COUNTS, shard_name
 from specwire.errors import SpecwireError, WiringMismatch
-from specwire.safeio import load_tensors, save_tensors, write_json
+from specwire.safeio import load_tensors
 from specwire.training.batches import epoch_batches, expected_wiring, micro_batches
-from specwire.training.config import TrainConfig
 from specwire.training.trainer import lr_at, train
 from specwire.training.ttt import (TargetHeads, TTTAttend, entropy, kl_to_target, make_batch, restricted_target,
                                   soft_cross_entropy, step_counts, step_weights, top1_matches, ttt_attention, ttt_mask,
                                   ttt_unroll)
 from specwire.wiring import default_hs_ids
 
-
-def one_thread(fn):
-    """Run fn with one torch thread (the conftest does this for tests, not for module fixtures)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(n)
-
-
-# ---- helpers other test files import ----------------------------------------------------------------
-
-def pattern_samples(n: int, *, seed: int = 0, min_len: int = 24, max_len: int = 48) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Learnable sequences: 6 random tokens, then a random unit of 2-4 tokens repeated; loss on the repeats."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        T = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
-        p = int(torch.randint(2, 5, (1,), generator=g))
-        unit = torch.randint(40, 120, (p,), generator=g)
-        head = torch.randint(40, 120, (6,), generator=g)
-        ids = torch.cat([head, unit.repeat(T // p + 1)])[:T]
-        mask = torch.zeros(T, dtype=torch.uint8)
-        mask[6:] = 1
-        out.append((ids, mask))
-    return out
-
-
-def write_dump(out: Path, target, samples, *, target_name, hs_ids=None, dtype: str = "float32",
-               shard_samples: int = 16) -> Path:
-    """A dump in the shared format (dump.py), states captured with datagen's `capture_batch`."""
-    from specwire.target.capture import capture_batch
-
-    out = Path(out)
-    out.mkdir(parents=True)
-    hs_ids = list(hs_ids or default_hs_ids(target.num_layers))
-    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    shards, counts = [], torch.zeros(target.spec.vocab_size, dtype=torch.long)
-    for k, a in enumerate(range(0, len(samples), shard_samples)):
-        rows = samples[a:a + shard_samples]
-        cap = capture_batch(target, [r[0].tolist() for r in rows], hs_ids, dtype=dt)
-        lengths = [len(r[0]) for r in rows]
-        t = {"input_ids": torch.cat([r[0] for r in rows]).long(),
-             "loss_mask": torch.cat([r[1] for r in rows]).to(torch.uint8),
-             "hidden": torch.cat(cap["hidden"]).cpu(), "last_hidden": torch.cat(cap["last_hidden"]).cpu(),
-             "offsets": torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist()),
-             "sample_index": torch.arange(a, a + len(rows))}
-        save_tensors(out / shard_name(k), t, metadata={"format": SHARD_FORMAT, "hs_ids": ",".join(map(str, hs_ids))})
-        counts += torch.bincount(t["input_ids"][t["loss_mask"].bool()], minlength=len(counts))
-        shards.append({"file": shard_name(k), "samples": len(rows), "tokens": sum(lengths), "first_index": a,
-                       "last_index": a + len(rows) - 1})
-    save_tensors(out / VOCAB_COUNTS, {"counts": counts})
-    write_json(out / MANIFEST, {
-        "format": DUMP_FORMAT, "format_version": DUMP_FORMAT_VERSION,
-        "wiring": expected_wiring(target, hs_ids).to_dict(), "target": str(target_name), "dtype": dtype,
-        "max_length": 4096, "counts": {"samples": len(samples), "tokens": sum(s["tokens"] for s in shards),
-                                       "loss_tokens": int(counts.sum())},
-        "shards": shards, "options": {}, "complete": True})
-    return out
-
-
-def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(l) for l in Path(path).read_text().splitlines()]
+from helpers import base_config, one_thread, pattern_samples, read_metrics, write_dump
 
 
 @pytest.fixture(scope="module")
@@ -325,12 +259,6 @@ def test_loss_is_the_step_weighted_mean_kl(tiny_llama_target, dumps):
 
 # ---- training ----------------------------------------------------------------------------------------
 
-def base_config(data, out, **kw) -> TrainConfig:
-    defaults = dict(ttt_steps=3, batch_size=8, lr=3e-3, progress=False, log_every=1, save_every=1000)
-    data = str(data) if isinstance(data, (str, Path)) else [str(d) for d in data]
-    return TrainConfig(data=data, out=str(out), **{**defaults, **kw})
-
-
 def majority_baseline(target, dump) -> float:
     """Share of the most frequent target argmax at scored positions (what a constant guess gets)."""
     from specwire.data.dump import open_dump
@@ -417,8 +345,6 @@ def test_several_dumps_merge_and_a_misfit_is_refused(dumps, tiny_target, tiny_ll
                        target_name=str(tiny_target("llama")), hs_ids=[1, 4, 5])
     with pytest.raises(WiringMismatch, match=r"dump .*other: hidden-state ids: expected hs \[2, 4, 5\].*found hs \[1, 4, 5\]"):
         train(base_config([dumps["small"], other], tmp_path / "x", max_steps=1))
-    with pytest.raises(SpecwireError, match="online mode reads one datagen folder"):
-        base_config([dumps["small"], other], tmp_path / "y", online=True)
 
 
 def test_cli_train_json_and_errors(dumps, tmp_path, capsys):

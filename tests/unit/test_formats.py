@@ -16,15 +16,10 @@ from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import DraftConfig, Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
 from specwire.interop.convert import export_draft, import_draft, native_shapes
-from specwire.interop.inspect import (
-    FORMAT_NATIVE,
-    FORMAT_SGLANG,
-    FORMAT_SPECULATORS,
-    detect_format,
-    engine_reading,
-    layer_layout,
-    read_checkpoint,
+from specwire.draft.reader import (
+    FORMAT_NATIVE, FORMAT_SGLANG, FORMAT_SPECULATORS, detect_format, layer_layout, read_checkpoint,
 )
+from specwire.interop.engines import engine_reading
 from specwire.interop.sglang import native_to_sglang_key, remap_keys, sglang_to_native_key
 from specwire.wiring import SGLANG_VERSIONS, hs_to_sglang_ids, sglang_readings, sglang_to_hs
 

@@ -1,4 +1,4 @@
-"""The one reader (`interop.inspect.read_checkpoint`): every layout and naming variant the formats tests
+"""The one reader (`draft.reader.read_checkpoint`): every layout and naming variant the formats tests
 know, every record of the ids translated to hs indices, the consistency check, and the proof that
 export, import, launch-cmd, doctor and the native loader all go through it. The slow test edits an
 export of the shipped draft the three ways of the trust issue and expects generate and doctor to refuse.
@@ -16,9 +16,10 @@ from safetensors.torch import load_file, save_file
 
 from specwire.draft.checkpoint import load_draft
 from specwire.errors import SpecwireError, WiringMismatch
-from specwire.interop import inspect as reader
+from specwire.draft import reader
 from specwire.interop.convert import export_draft
-from specwire.interop.inspect import engine_reading, read_checkpoint
+from specwire.draft.reader import read_checkpoint
+from specwire.interop.engines import engine_reading
 
 from helpers import make_native, read_cfg, write_cfg
 

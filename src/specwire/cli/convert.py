@@ -1,7 +1,7 @@
 """`specwire export` and `specwire import`: checkpoint conversion between specwire, SGLang and speculators.
 
 Owns the two subcommands' flags and text output only; the work is `interop.convert.export_draft` and
-`import_draft`, which read every folder through the one reader (`interop.inspect`).
+`import_draft`, which read every folder through the one reader (`draft.reader`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 
 from specwire.cli.options import add_json_option, emit_json
 from specwire.interop.convert import EXPORT_FORMATS, export_draft, import_draft
-from specwire.interop.inspect import FORMAT_SGLANG
+from specwire.draft.reader import FORMAT_SGLANG
 from specwire.wiring import DEFAULT_SGLANG_VERSION, SGLANG_VERSIONS
 
 

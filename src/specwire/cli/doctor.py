@@ -12,7 +12,7 @@ import argparse
 from specwire.cli.options import add_config_options, add_json_option, config_from_args, emit_json
 from specwire.doctor.diagnose import DTYPES, DoctorConfig, diagnose, render_report
 from specwire.doctor.states import CALIBRATION_PROMPTS, dump_states
-from specwire.interop.inspect import ENGINES
+from specwire.interop.engines import ENGINES
 from specwire.wiring import SGLANG_VERSIONS, num_hs_indices
 
 

@@ -1,7 +1,7 @@
 """`specwire launch-cmd`: a checked SGLang or vLLM launch line for a draft.
 
 Owns the subcommand's flags and text output only; the checks and the argv are
-`interop.launch.launch_command`, which opens the draft through the one reader (`interop.inspect`).
+`interop.launch.launch_command`, which opens the draft through the one reader (`draft.reader`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from specwire.cli.options import add_json_option, emit_json
-from specwire.interop.inspect import ENGINES
+from specwire.interop.engines import ENGINES
 from specwire.interop.launch import launch_command
 from specwire.wiring import SGLANG_VERSIONS
 

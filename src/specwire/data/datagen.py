@@ -46,7 +46,9 @@ from specwire.data.dump import (CONVERSATIONS, DUMP_DTYPES, DUMP_FORMAT, DUMP_FO
 from specwire.errors import SpecwireError
 from specwire.safeio import cut_partial_line, read_json, save_tensors
 from specwire.target.capture import capture_packed
-from specwire.target.load import BUILTIN_TARGET, Target, chat_template_hash, load_target, parse_dtype, tokenizer_fingerprint
+from specwire.target.load import (
+    BUILTIN_TARGET, Target, chat_template_hash, load_target, parse_dtype, tokenizer_fingerprint,
+)
 from specwire.wiring import Wiring, default_hs_ids, validate_hs_ids
 
 log = logging.getLogger("specwire")

@@ -12,16 +12,24 @@ what follows the templated prompt, up to and including the end-of-turn token the
 template does not reproduce the prompt's ids as a prefix, the answer text is tokenized on its own and
 the target's first EOS id appended. Either way the ids are the target's reading of the text, not the
 ids the server sampled: datagen records the server in the manifest (`generator`) for that reason.
+
+Busy servers: a request answered 429 (too many requests), 503 (unavailable, e.g. still loading) or 408
+(request timeout) is sent again after the wait the server's Retry-After header asks for (seconds or an
+HTTP date), else after an exponential backoff; `RetryPolicy` bounds both the number of retries and the
+total wait, and a SpecwireError says so when they run out. Any other HTTP error fails at once.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from email.utils import parsedate_to_datetime
+from typing import Any, Callable, Sequence
 
 from specwire.errors import SpecwireError
 from specwire.target.load import Target
@@ -35,18 +43,85 @@ class ServerAnswer:
     finish: str  # the server's finish_reason ("stop", "length", ...)
 
 
-def _post(url: str, body: dict, *, timeout: float = TIMEOUT_S) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+RETRY_STATUSES = (408, 429, 503)  # request timeout, too many requests, service unavailable: worth sending again
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long `_post` keeps asking a busy server (HTTP 408/429/503) before giving up."""
+
+    max_retries: int = 8  # requests sent again after the first one, at most
+    max_total_wait_s: float = 300.0  # sleeping between attempts, in all, at most (a longer Retry-After gives up at once)
+    backoff_s: float = 1.0  # first wait when the server sends no Retry-After; doubled each retry
+    max_backoff_s: float = 30.0  # cap on one backoff wait without Retry-After
+
+    def __post_init__(self):
+        if not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise SpecwireError(f"RetryPolicy.max_retries: expected an integer >= 0, found {self.max_retries!r}.")
+        for name in ("max_total_wait_s", "backoff_s", "max_backoff_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise SpecwireError(f"RetryPolicy.{name}: expected a finite number >= 0, found {v!r}.")
+
+    def backoff(self, retry: int) -> float:
+        """The wait before retry number `retry` (0-based) when the server names none."""
+        return min(self.max_backoff_s, self.backoff_s * 2 ** retry)
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+def retry_after_s(value: str | None, *, now: float | None = None) -> float | None:
+    """A Retry-After header as seconds from now (>= 0): delta-seconds or an HTTP date; None when absent or unreadable."""
+    if value is None or not value.strip():
+        return None
+    v = value.strip()
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        detail = e.read().decode(errors="replace")[:300]
-        raise SpecwireError(f"--generator {url}: the server answered HTTP {e.code}: {detail}",
-                            fix="check the server's log, the --generator-model name and the request options.") from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise SpecwireError(f"--generator {url}: no usable answer ({e}).",
-                            fix="start the server first, and pass its base URL (e.g. http://127.0.0.1:8000).") from None
+        secs = float(v)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(v)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        secs = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, secs) if math.isfinite(secs) else None
+
+
+def _post(url: str, body: dict, *, timeout: float = TIMEOUT_S, retry: RetryPolicy = DEFAULT_RETRY,
+          sleep: Callable[[float], None] = time.sleep) -> dict:
+    """POST `body` as JSON and read a JSON answer, sending it again while the server says it is busy."""
+    data = json.dumps(body).encode()
+    waited = 0.0
+    for attempt in range(retry.max_retries + 1):
+        req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:300]
+            if e.code not in RETRY_STATUSES:
+                raise SpecwireError(f"--generator {url}: the server answered HTTP {e.code}: {detail}",
+                                    fix="check the server's log, the --generator-model name and the request options.") from None
+            asked = retry_after_s(e.headers.get("Retry-After") if e.headers else None)
+            wait = asked if asked is not None else retry.backoff(attempt)
+            busy = f"--generator {url}: the server is busy (HTTP {e.code}"
+            if attempt == retry.max_retries:
+                raise SpecwireError(f"{busy}) after {retry.max_retries} retries over {waited:.1f} s of waiting: {detail}",
+                                    fix="lower --batch-size (requests sent at once), or give the server more capacity, "
+                                        "then rerun the same command (datagen resumes).") from None
+            if waited + wait > retry.max_total_wait_s:
+                said = f"asks for {wait:.1f} s more" if asked is not None else f"would need {wait:.1f} s more"
+                raise SpecwireError(f"{busy}) and {said}, beyond the {retry.max_total_wait_s:.0f} s of waiting allowed "
+                                    f"({waited:.1f} s spent over {attempt} retries): {detail}",
+                                    fix="rerun when the server is ready (datagen resumes), or lower --batch-size.") from None
+            sleep(wait)
+            waited += wait
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise SpecwireError(f"--generator {url}: no usable answer ({e}).",
+                                fix="start the server first, and pass its base URL (e.g. http://127.0.0.1:8000).") from None
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 def base_url(url: str) -> str:

@@ -2,10 +2,10 @@
 
 Owns: `Finding`, the target as the doctor sees it (`TargetView`, `open_target`: config always, weights
 and tokenizer when present), the serving view (`serving_view`: what the engine will fuse and run, taken
-from `interop.inspect.engine_reading`, the one model of how SGLang and vLLM read a draft), the fix in
+from `interop.engines.engine_reading`, the one model of how SGLang and vLLM read a draft), the fix in
 each engine's convention (`ids_fix`), and every static check (format, widths, vocabulary, positions,
 rope and norms, residual mode, target identity, tokenizer, ids, SGLang flags, and the reader's
-consistency check as findings). Does not read draft folders itself (`interop.inspect`), search wirings
+consistency check as findings). Does not read draft folders itself (`draft.reader`), search wirings
 (`doctor.search`) or run anything.
 """
 
@@ -23,9 +23,9 @@ import torch
 
 from specwire.draft.model import check_vocab_map
 from specwire.errors import SpecwireError
-from specwire.interop.fields import rope_or_none
-from specwire.interop.inspect import (ENGINE_LAYOUTS, ENGINES, CheckpointInfo, EngineReading, engine_nbr_default,
-                                      engine_reading)
+from specwire.draft.fields import rope_or_none
+from specwire.draft.reader import CheckpointInfo
+from specwire.interop.engines import ENGINE_LAYOUTS, ENGINES, EngineReading, engine_nbr_default, engine_reading
 from specwire.safeio import load_tensors, read_json
 from specwire.wiring import (DEFAULT_SGLANG_VERSION, TargetSpec, classify_wiring, default_hs_ids,
                              hs_to_sglang, sglang_readings, validate_hs_ids)

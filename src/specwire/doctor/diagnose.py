@@ -3,7 +3,7 @@
 Owns: `DoctorConfig` (what to check and how hard; the `specwire doctor` flags are generated from it),
 `diagnose` (the static checks of `doctor.checks`, then optionally the wiring search of `doctor.search`
 and the offline-against-online comparison through the speculative engine), `DoctorReport` and its
-text rendering. The draft is read with the one reader (`interop.inspect.read_checkpoint`): its
+text rendering. The draft is read with the one reader (`draft.reader.read_checkpoint`): its
 consistency check is reported as errors, and a folder it cannot read at all is refused. Does not
 convert checkpoints (`interop.convert`), decode (`decode.engine`) or train (`training`); the commands
 are `specwire.cli.doctor`.
@@ -32,8 +32,9 @@ from specwire.doctor.states import (CALIBRATION_PROMPTS, Calibration, builtin_ca
 from specwire.draft.checkpoint import load_draft, resolve_draft_path
 from specwire.draft.model import Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
-from specwire.interop.fields import build_draft_config
-from specwire.interop.inspect import FORMAT_NATIVE, NATIVE_LAYER_PREFIX, CheckpointInfo, ENGINES, read_checkpoint
+from specwire.draft.fields import build_draft_config
+from specwire.draft.reader import FORMAT_NATIVE, NATIVE_LAYER_PREFIX, CheckpointInfo, read_checkpoint
+from specwire.interop.engines import ENGINES
 from specwire.safeio import load_tensors, read_json
 from specwire.wiring import SGLANG_VERSIONS, validate_hs_ids
 

@@ -3,7 +3,7 @@
 Owns: `export_draft` and `import_draft`, their result records, the tensor checks of a conversion (every
 name and shape of the native layout, `native_shapes`; dtypes; the vocabulary map) and what is dropped
 on import (tensors other tools save that a specwire draft does not hold). Every folder is opened with
-`interop.inspect.read_checkpoint` and must pass its consistency check before anything is converted.
+`draft.reader.read_checkpoint` and must pass its consistency check before anything is converted.
 Does not know either layout's config details (`interop.sglang`, `interop.speculators`) and has no CLI
 (`specwire.cli.convert`).
 """
@@ -22,14 +22,9 @@ import torch
 from specwire.draft.checkpoint import load_draft, native_config_json, resolve_draft_path
 from specwire.draft.model import DraftConfig, check_vocab_map
 from specwire.errors import SpecwireError
-from specwire.interop.fields import block_draft_config
-from specwire.interop.inspect import (
-    FORMAT_NATIVE,
-    FORMAT_SGLANG,
-    NATIVE_LAYER_PREFIX,
-    WEIGHTS_FILE,
-    CheckpointInfo,
-    read_checkpoint,
+from specwire.draft.fields import block_draft_config
+from specwire.draft.reader import (
+    FORMAT_NATIVE, FORMAT_SGLANG, NATIVE_LAYER_PREFIX, WEIGHTS_FILE, CheckpointInfo, read_checkpoint,
 )
 from specwire.interop.sglang import check_sglang_compatible, config_from_sglang, remap_keys, sglang_config_json
 from specwire.interop.speculators import config_from_speculators, speculators_config_json

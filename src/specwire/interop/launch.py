@@ -3,7 +3,7 @@
 Owns: `launch_command` (the argv for `python -m sglang.launch_server` or `vllm serve` with a draft)
 and the pure flag rules it enforces (`sglang_max_draft_tokens`, `check_sglang_flags`); the
 `launch-cmd` subcommand is `specwire.cli.launch`. The draft is opened with the one reader
-(`interop.inspect`), so its consistency check runs first. Every check that would otherwise fail silently inside the engine is made
+(`draft.reader`), so its consistency check runs first. Every check that would otherwise fail silently inside the engine is made
 here first: the checkpoint layout the engine loads, the layer ids as that engine reads them against
 the draft's Wiring, SGLang's topk=1 override, the size of the draft tree, max_position_embeddings,
 vocabulary and hidden sizes. Does not convert checkpoints (`interop.convert`) and never runs an engine.
@@ -19,7 +19,8 @@ from typing import Any
 
 from specwire.draft.checkpoint import resolve_draft_path
 from specwire.errors import SpecwireError
-from specwire.interop.inspect import ENGINES, FORMAT_SGLANG, engine_reading, read_checkpoint
+from specwire.draft.reader import FORMAT_SGLANG, read_checkpoint
+from specwire.interop.engines import ENGINES, engine_reading
 from specwire.interop.sglang import SGLANG_NUM_FUSED
 from specwire.wiring import DEFAULT_SGLANG_VERSION, SGLANG_VERSIONS
 

@@ -4,7 +4,7 @@ Owns: the key remaps (`layers.0.*` <-> `midlayer.*`), the config.json SGLang's `
 (`sglang_config_json`, ids written for a given SGLang id rule through `wiring.hs_to_sglang_ids`), what
 SGLang cannot run (`check_sglang_compatible`), and rebuilding a DraftConfig from an SGLang config that
 has no specwire block (`config_from_sglang`: the ids are read under every SGLang rule and an
-ambiguity is refused, never guessed). Does not read folders (`interop.inspect`) or write them
+ambiguity is refused, never guessed). Does not read folders (`draft.reader`) or write them
 (`interop.convert`).
 """
 
@@ -15,16 +15,10 @@ from typing import Any
 from specwire.draft.checkpoint import specwire_block
 from specwire.draft.model import DraftConfig
 from specwire.errors import SpecwireError
-from specwire.interop.fields import build_draft_config, get_field, layer_geometry
-from specwire.interop.inspect import (
-    FORMAT_NATIVE,
-    FORMAT_SGLANG,
-    FORMAT_SPECULATORS,
-    FORMATS,
-    NATIVE_LAYER_PREFIX,
-    SGLANG_ARCHITECTURE,
-    SGLANG_LAYER_PREFIX,
-    layer_index,
+from specwire.draft.fields import build_draft_config, get_field, layer_geometry
+from specwire.draft.reader import (
+    FORMAT_NATIVE, FORMAT_SGLANG, FORMAT_SPECULATORS, FORMATS, NATIVE_LAYER_PREFIX, SGLANG_ARCHITECTURE,
+    SGLANG_LAYER_PREFIX, layer_index,
 )
 from specwire.wiring import DEFAULT_SGLANG_VERSION, default_hs_ids, hs_to_sglang_ids, sglang_readings
 

@@ -4,7 +4,7 @@ Owns: filling a native config.json's speculators fields for export (`speculators
 speculative tokens, the warnings for what vLLM or the speculators package cannot load) and rebuilding a
 DraftConfig from a speculators config that has no specwire block (`config_from_speculators`: a field
 whose meaning differs between tools, such as a missing `norm_before_residual`, is asked for, never
-guessed). The key layout is the native one (`layers.0.*`). Does not read folders (`interop.inspect`)
+guessed). The key layout is the native one (`layers.0.*`). Does not read folders (`draft.reader`)
 or write them (`interop.convert`).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from specwire.draft.checkpoint import native_config_json
 from specwire.draft.model import DraftConfig
 from specwire.errors import SpecwireError
-from specwire.interop.fields import build_draft_config, get_field, layer_geometry
+from specwire.draft.fields import build_draft_config, get_field, layer_geometry
 from specwire.interop.sglang import SGLANG_NUM_FUSED
 from specwire.wiring import default_hs_ids, validate_hs_ids
 

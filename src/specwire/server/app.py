@@ -35,7 +35,9 @@ from specwire.errors import SpecwireError
 from specwire.server.admission import Admission, Ticket, cancel_error, shutting_down_error
 from specwire.server.config import ServeConfig
 from specwire.server.metrics import ServerMetrics, render_prometheus
-from specwire.server.protocol import MAX_BODY_BYTES, GenRequest, RequestError, decode_body, error_body, parse_request, sse
+from specwire.server.protocol import (
+    MAX_BODY_BYTES, GenRequest, RequestError, decode_body, error_body, parse_request, sse,
+)
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,11 @@
 """The layout of a training run folder (`specwire train --out OUT`), and finding the draft inside one.
 
 Owns: where a run keeps its files (`RunPaths`: OUT/checkpoint/, OUT/draft/, OUT/metrics.jsonl) and
-`resolve_draft_arg`, which turns any `--draft` argument into something `draft.checkpoint.load_draft` reads:
-a run folder becomes its `draft/` (with a note for stderr), an unfinished run is refused with what to
-do. Does not read checkpoints (`training.checkpoint`, `draft.checkpoint`).
+`resolve_draft_arg`, which turns any `--draft` argument into something `draft.checkpoint.load_draft` reads
+and returns the note instead of logging it (for `specwire eval`, which prints it). The rule itself (a run
+folder becomes its `draft/`, an unfinished run is refused with what to do) lives once in
+`draft.checkpoint.locate_draft`, so every command that loads a draft accepts a run folder. Does not read
+checkpoints (`training.checkpoint`, `draft.checkpoint`).
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specwire.errors import SpecwireError
+from specwire.draft.checkpoint import RUN_CHECKPOINT_DIR, RUN_DRAFT_DIR, locate_draft
+from specwire.draft.model import SHIPPED_DRAFT
 
-CHECKPOINT_DIR = "checkpoint"  # resumable state, rewritten every save_every steps
-DRAFT_DIR = "draft"  # the final draft, a native checkpoint folder
+CHECKPOINT_DIR = RUN_CHECKPOINT_DIR  # resumable state, rewritten every save_every steps
+DRAFT_DIR = RUN_DRAFT_DIR  # the final draft, a native checkpoint folder
 METRICS_FILE = "metrics.jsonl"  # one JSON record per log/validation event
 
 
@@ -49,22 +52,11 @@ class DraftArg:
 def resolve_draft_arg(name_or_path: str | os.PathLike) -> DraftArg:
     """A draft folder or name passes through; a `train --out` folder resolves to its `draft/`.
 
-    Refuses a run folder whose run has not finished (it holds only checkpoint/), and a folder that is
-    neither a draft nor a run, naming both expected layouts.
+    `draft.checkpoint.locate_draft` decides (and raises for a missing draft, an unfinished run, or a
+    folder that is neither a draft nor a run); the note comes back instead of being logged.
     """
     text = str(name_or_path)
-    p = Path(text).expanduser()
-    if not p.is_dir() or (p / "config.json").is_file():
-        return DraftArg(path=text, note=None)  # a draft folder, a name, or a missing path: load_draft decides
-    run = RunPaths(p)
-    if (run.draft_dir / "config.json").is_file():
-        return DraftArg(path=str(run.draft_dir), note=f"using {run.draft_dir}, the draft that `specwire train --out {p}` wrote")
-    if (run.checkpoint_dir / "state.json").is_file():
-        raise SpecwireError(
-            f"draft '{p}': a training run that has not finished ({run.checkpoint_dir} holds its state, {run.draft_dir} "
-            f"does not exist yet).",
-            fix=f"rerun the same `specwire train --out {p}` command to finish it, then pass {run.draft_dir}.")
-    raise SpecwireError(
-        f"draft '{p}': expected a draft folder (config.json + model.safetensors) or a `specwire train --out` folder "
-        f"(with {DRAFT_DIR}/config.json); found neither.",
-        fix="pass the folder that holds config.json, or the shipped 'smollm2-135m-eagle3'.")
+    if text == SHIPPED_DRAFT:
+        return DraftArg(path=text, note=None)
+    where = locate_draft(text)
+    return DraftArg(path=text if where.note is None else str(where.path), note=where.note)

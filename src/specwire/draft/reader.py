@@ -1,16 +1,15 @@
-"""The one reader of draft folders, the one consistency check, and how each engine reads a draft.
+"""The one reader of draft folders, and the one consistency check built into it.
 
 Owns: reading any EAGLE-3 draft folder leniently (`read_checkpoint`: raw config, safetensors headers,
 the detected format and layout, every record of the hidden-state ids, the problems seen; it never
-raises on a bad file, so the doctor can read broken checkpoints), the consistency check built into
-that read (`CheckpointInfo.inconsistencies`, `require_consistent`), the typed config fields and rope
-parsing every importer uses (`get_field`, `read_rope`, `layer_geometry`), rebuilding a `DraftConfig`
-from a foreign config (`build_draft_config`), and the engine rules (`ENGINES`, `engine_reading`: the hs
-indices, residual mode and weights SGLang or vLLM would use). Does not write checkpoints (`convert`,
-`draft.checkpoint`), load weights, or judge a draft against a target beyond its recorded identity
-(the doctor and the engine do that).
+raises on a bad file, so the doctor can read broken checkpoints), and the consistency check built into
+that read (`CheckpointInfo.inconsistencies`, `find_inconsistencies`, `require_consistent`). Typed config
+fields, rope parsing and rebuilding a `DraftConfig` from a foreign config live beside it (`draft.fields`).
+Does not write checkpoints (`interop.convert`, `draft.checkpoint`), load weights, say how an engine
+reads a draft (`interop.engines`), or judge a draft against a target beyond its recorded identity (the
+doctor and the engine do that).
 
-Formats (FIELD-NOTES section 3):
+Formats (`docs/CONVENTIONS.md` section 3):
   native       speculators' key layout (`layers.0.*`) + speculators-style config + a `specwire` block
                (DraftConfig, Wiring). vLLM and the speculators package read it as is.
   sglang       `midlayer.*` keys, a Llama config with `architectures: ["LlamaForCausalLMEagle3"]` and
@@ -24,7 +23,8 @@ in the block, in the layer config and in the tensors' shapes; the draft vocabula
 `d2t` and in `lm_head`). Each tool reads a different copy, so a disagreement means two tools run two
 different drafts. Every copy is translated through `specwire.wiring` and compared; any disagreement
 is an `Inconsistency` naming both values, which tool reads which, and the fix. Every command that
-opens a draft (generate, bench, serve, eval, export, import, launch-cmd, doctor) goes through here.
+opens a draft (generate, bench, serve, eval, export, import, launch-cmd, doctor) goes through here,
+because `draft.checkpoint.load_draft` does.
 Untrusted folders stay data: safetensors and JSON only, headers validated before any tensor is read.
 """
 
@@ -39,13 +39,11 @@ from typing import Any
 
 from specwire.draft.model import NATIVE_FORMAT, DraftConfig
 from specwire.errors import SpecwireError, WiringMismatch
-from specwire.interop.fields import block_draft_config, is_int, layer_geometry, rope_or_none
+from specwire.draft.fields import block_draft_config, is_int, layer_geometry, rope_or_none
 from specwire.safeio import read_json, safetensors_header
 from specwire.wiring import (
     DEFAULT_SGLANG_VERSION,
     SGLANG_VERSIONS,
-    default_hs_ids,
-    hs_to_sglang,
     hs_to_sglang_ids,
     sglang_readings,
     sglang_to_hs,
@@ -54,7 +52,6 @@ from specwire.wiring import (
 
 FORMAT_NATIVE, FORMAT_SGLANG, FORMAT_SPECULATORS = "native", "sglang", "speculators"
 FORMATS: tuple[str, ...] = (FORMAT_NATIVE, FORMAT_SGLANG, FORMAT_SPECULATORS)
-ENGINES: tuple[str, ...] = ("sglang", "vllm")
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCHITECTURES: tuple[str, ...] = ("Eagle3Speculator", "Eagle3DraftModel")
 WEIGHTS_FILE = "model.safetensors"
@@ -599,93 +596,3 @@ def find_inconsistencies(info: CheckpointInfo, num_layers: int | None = None) ->
         return []
     L = num_layers if num_layers is not None else info.recorded_num_layers
     return _ids_inconsistencies(info, L) + _width_inconsistencies(info) + _block_inconsistencies(info)
-
-
-# ---- what an engine makes of a checkpoint ---------------------------------------------------------
-
-# The tensor layouts each engine loads (SGLang silently skips names it does not know).
-ENGINE_LAYOUTS: dict[str, tuple[str, ...]] = {"sglang": ("midlayer",), "vllm": ("layers", "midlayer")}
-
-
-def engine_nbr_default(engine: str, cfg: dict) -> bool:
-    """norm_before_residual an engine uses when the config does not say (vLLM: True for speculators configs)."""
-    return engine == "vllm" and "speculators_model_type" in cfg
-
-
-@dataclass(frozen=True)
-class EngineReading:
-    """How an engine would wire and run a checkpoint (for the versions read; FIELD-NOTES 1-3)."""
-
-    engine: str  # "sglang" | "vllm"
-    hs_ids: tuple[int, ...] | None  # hs indices the engine captures for this draft (None: cannot tell)
-    ids_source: str  # where those ids come from
-    norm_before_residual: bool  # what the engine's draft layer does
-    layer_weights_loaded: bool  # False when the engine silently skips the layer's tensor names
-    notes: tuple[str, ...] = ()
-    sglang_version: str | None = None  # the SGLang id rule applied (None for vLLM)
-    ids_as_written: tuple[int, ...] | None = None  # the ids in the engine's own convention
-    nbr_written: bool | None = None  # norm_before_residual as written in the config the engine reads
-    ids_problem: str | None = None  # why hs_ids is None
-
-
-def engine_reading(info: CheckpointInfo, engine: str, num_layers: int, *, sglang_version: str | None = None,
-                   hs_ids=None, config: dict | None = None, config_name: str | None = None) -> EngineReading:
-    """What `engine` would capture and run for `info` on a `num_layers`-layer target.
-
-    hs_ids: the ids the engine is given on its command line, in its convention (overrides the config);
-    config: the config.json the engine will read, when it is not the draft's own.
-    """
-    if engine not in ENGINES:
-        raise SpecwireError(f"unknown engine '{engine}'; expected one of {list(ENGINES)}.")
-    version = (sglang_version or DEFAULT_SGLANG_VERSION) if engine == "sglang" else None
-    if version is not None and version not in SGLANG_VERSIONS:
-        raise SpecwireError(f"unknown SGLang version rule '{version}'; expected one of {list(SGLANG_VERSIONS)}.")
-    cfg = config if config is not None else info.raw
-    where = config_name or "the draft's config.json"
-    L = num_layers
-    nbr_written = cfg.get("norm_before_residual") if isinstance(cfg.get("norm_before_residual"), bool) else None
-    notes: list[str] = []
-    ec = cfg.get("eagle_config")
-    ec_ids = ec.get("eagle_aux_hidden_state_layer_ids") if isinstance(ec, dict) else None
-    aux = cfg.get(AUX_IDS)
-    if hs_ids is not None:
-        ids, src = list(hs_ids), f"--hs-ids (in {engine}'s convention)"
-    elif engine == "sglang" and ec_ids is not None:
-        ids, src = ec_ids, f"{EAGLE_CONFIG_IDS} in {where} read by SGLang '{version}'"
-    elif engine == "vllm" and aux:
-        ids, src = aux, f"{AUX_IDS} in {where} (hs indices)"
-    elif engine == "vllm" and ec_ids is not None:
-        ids, src = ec_ids, f"{EAGLE_CONFIG_IDS} in {where} (read by vLLM as hs indices, no +1)"
-        notes.append("vLLM versions differ on reading eagle_config ids; export --format speculators to be explicit.")
-    else:
-        ids = None
-        d = list(default_hs_ids(L))
-        hs, written = tuple(d), tuple(hs_to_sglang(d, L) if engine == "sglang" else d)
-        src = (f"SGLang default (no eagle_config ids in {where})" if engine == "sglang"
-               else f"vLLM default (no layer ids in {where})")
-    problem = None
-    if ids is not None:
-        written = tuple(ids) if isinstance(ids, list) else None
-        try:
-            if not isinstance(ids, list) or not all(is_int(i) for i in ids):
-                raise SpecwireError(f"layer ids {ids!r} are not a list of integers")
-            hs = tuple(sglang_to_hs(ids, L, sglang_version=version) if engine == "sglang" else vllm_to_hs(ids, L))
-        except SpecwireError as e:
-            hs, problem = None, str(e)
-            src = f"{src}, unreadable"
-    if engine == "sglang":
-        if hs is not None and 0 in hs:
-            notes.append("hs 0 (SGLang id -1, the embedding output) cannot be captured by stock SGLang.")
-        if nbr_written is True:
-            notes.append("config says norm_before_residual=true but SGLang's draft layer always adds the un-normed residual.")
-        nbr = False
-    else:
-        nbr = nbr_written if nbr_written is not None else engine_nbr_default(engine, cfg)
-        if nbr_written is None:
-            notes.append(f"norm_before_residual missing: vLLM assumes {nbr} for this config style.")
-        if "d2t" not in info.tensors and isinstance(cfg.get("draft_vocab_size"), int):
-            notes.append("no d2t tensor: vLLM treats the draft vocabulary as the target's (shared vocab).")
-    loaded = info.layout in ENGINE_LAYOUTS[engine]
-    if engine == "sglang" and not loaded:
-        notes.append("SGLang silently skips tensor names it does not know: the draft layer would stay randomly initialised.")
-    return EngineReading(engine, hs, src, nbr, loaded, tuple(notes), version, written, nbr_written, problem)

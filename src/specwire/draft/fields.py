@@ -4,7 +4,7 @@ Owns: `get_field` (a field checked to be of a kind, with a SpecwireError naming 
 `read_rope` (rope settings from a transformers 4 or 5 style config, the only rope parser), the lenient
 `rope_or_none`, `layer_geometry` (DraftConfig geometry of a Llama-style layer config), the specwire
 block's DraftConfig (`block_draft_config`) and a DraftConfig for a foreign checkpoint
-(`build_draft_config`). Used by the reader (`interop.inspect`), import and the doctor. Does not read
+(`build_draft_config`). Used by the reader (`draft.reader`), import and the doctor. Does not read
 files or decide which config a tool reads.
 """
 

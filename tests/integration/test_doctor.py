@@ -429,3 +429,25 @@ def test_builtin_target_full_search_with_the_shipped_draft():
     assert [t["hs_ids"] for t in scores["top"]].count([2, 15, 27]) == 1  # reported once, not once per role
     assert scores["norm_before_residual"]["true"] < scores["best"] / 2, scores
     assert rep.ok, [f.to_dict() for f in rep.errors]
+
+
+@pytest.mark.slow
+def test_builtin_target_dump_states_then_doctor_from_the_states(tmp_path, capsys):
+    """`specwire dump-states` on the built-in target, then `specwire doctor --states`, end to end.
+
+    The states dump is how a user runs the wiring search for a target too large for the doctor's own
+    machine. From the dump of the doctor's own calibration text, the search must find exactly what the
+    live search above finds: the shipped draft's trained wiring, hs [2, 15, 27], as the single best.
+    """
+    import json
+
+    from specwire.cli import main
+
+    states = tmp_path / "states"
+    assert main(["dump-states", "--target", "smollm2-135m", "--prompts", "builtin", "--out", str(states)]) == 0
+    capsys.readouterr()
+    rc = main(["doctor", "smollm2-135m-eagle3", "--target", "smollm2-135m", "--states", str(states), "--engine", "vllm",
+               "--no-online", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["ok"], out["findings"]
+    assert out["wiring"]["configured"] == [2, 15, 27] and out["wiring"]["best"] == [2, 15, 27], out["wiring"]

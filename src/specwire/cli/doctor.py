@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from specwire.cli.options import add_config_options, add_json_option, config_from_args, emit_json
+from specwire.cli.options import add_config_options, add_json_option, add_model_options, config_from_args, emit_json
 from specwire.doctor.diagnose import DTYPES, DoctorConfig, diagnose, render_report
 from specwire.doctor.states import CALIBRATION_PROMPTS, dump_states
 from specwire.interop.engines import ENGINES
@@ -34,13 +34,13 @@ def add_cli(sub) -> None:
                        "index 0..L, the token embeddings, and the target's greedy next tokens (docs/DOCTOR.md).")
     p.add_argument("--target", required=True, help="built-in name or HF folder with weights")
     p.add_argument("--prompts", default="builtin", help="'builtin' (the doctor's prompts), mt-bench, humaneval, pool or a JSONL file")
-    p.add_argument("--limit", type=int, default=12)
-    p.add_argument("--max-new-tokens", type=int, default=40)
-    p.add_argument("--out", required=True)
-    p.add_argument("--state-dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--limit", type=int, default=12, help="calibration prompts to use (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=40,
+                   help="greedy continuation tokens per prompt, so the states cover the target's own text (default: %(default)s)")
+    p.add_argument("--out", required=True, help="folder to write the states dump into (replaced atomically)")
+    p.add_argument("--state-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="dtype of the stored states; bfloat16 halves the size (default: %(default)s)")
+    add_model_options(p, target=False)
     p.set_defaults(func=cmd_dump_states)
 
 

@@ -51,7 +51,7 @@ class RetryPolicy:
     """How long `_post` keeps asking a busy server (HTTP 408/429/503) before giving up."""
 
     max_retries: int = 8  # requests sent again after the first one, at most
-    max_total_wait_s: float = 300.0  # sleeping between attempts, in all, at most (a longer Retry-After gives up at once)
+    max_total_wait_s: float = 300.0  # total sleep between attempts, at most (a longer Retry-After gives up at once)
     backoff_s: float = 1.0  # first wait when the server sends no Retry-After; doubled each retry
     max_backoff_s: float = 30.0  # cap on one backoff wait without Retry-After
 
@@ -102,8 +102,9 @@ def _post(url: str, body: dict, *, timeout: float = TIMEOUT_S, retry: RetryPolic
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:300]
             if e.code not in RETRY_STATUSES:
-                raise SpecwireError(f"--generator {url}: the server answered HTTP {e.code}: {detail}",
-                                    fix="check the server's log, the --generator-model name and the request options.") from None
+                raise SpecwireError(
+                    f"--generator {url}: the server answered HTTP {e.code}: {detail}",
+                    fix="check the server's log, the --generator-model name and the request options.") from None
             asked = retry_after_s(e.headers.get("Retry-After") if e.headers else None)
             wait = asked if asked is not None else retry.backoff(attempt)
             busy = f"--generator {url}: the server is busy (HTTP {e.code}"

@@ -1,11 +1,15 @@
-"""Sampled speculative decoding keeps the target's distribution at a *deep* draft node (depth 5), through
+r"""Sampled speculative decoding keeps the target's distribution at a *deep* draft node (depth 5), through
 the whole engine, with the shipped draft on the built-in target; and the test catches a wrong q there.
 
-The depth-1 tests (test_engine.py, test_verify.py) compare a joint law of two tokens. A mistake in the
-draft probability q used at depth 5 only shows in rounds that reach depth 5, so this test looks there.
-Setup: the built-in smollm2-135m and the shipped smollm2-135m-eagle3; a prompt whose continuation the
-draft predicts well (the answer repeats a line), temperature 1 with top-k 4; max_new_tokens 7, so the
-first verification pass carries a chain (or tree) of depth 5 and no later pass reaches depth 5.
+The depth-1 tests (tests/integration/test_engine.py, tests/unit/test_verify.py) compare a joint law of two
+tokens. A mistake in the draft probability q used at depth 5 only shows in rounds that reach depth 5, so
+this test looks there. The shipped draft is weak (live accept length about 1.5), so the prefix is chosen
+where it is strong: the prompt asks for a Python sum function and the target's own greedy answer so far,
+"```python\ndef sum_list(numbers):\n    return sum(numbers", is appended. The next tokens
+(")", "\n", "```", "\n", "\n", then the first word after the code block) are: the prefill's token, four
+draft tokens the draft predicts well (each accepted with probability 0.85 or more), and an uncertain
+fifth (the target's top choice has about half the mass at temperature 0.7, top-k 4). max_new_tokens 7:
+the first verification pass carries a chain (or tree) of depth 5 and no later pass reaches depth 5.
 
 Statistic. Lossless decoding means out[i] ~ p_i(. | prompt, out[:i]) for every i, also given that the
 first pass reached depth 5 (the depth-5 draft token is drawn, or the tree's depth-5 children chosen,
@@ -18,10 +22,16 @@ Two statistics: `deep`, out[5] over the samples whose first pass reached depth 5
 depth-5 node), and `all`, every output position of every sample pooled.
 
 Negative controls (they must fail the same statistic): the engine's verification is wrapped to use a
-wrong q at depth 5 only. Chain: q at depth 5 becomes one-hot on the draft's most likely token (a
-sampled node verified as if it were a deterministic top-1 child: the target's top token is then
-under-produced by a factor q(top)). Tree: the depth-5 children are verified as if drawn from a uniform
-law (accepted almost always, so out[5] follows the draft's ranking instead of p).
+wrong q at depth 5 only, the proposals unchanged. Chain: q at depth 5 becomes one-hot on the draft's
+most likely token (a sampled node verified as if it were a deterministic top-1 child: the draft's top
+token is then under-produced by a factor q(top)). Tree: the depth-5 children are verified as if drawn
+from a uniform law (accepted almost always, so out[5] follows the draft's ranking instead of p).
+
+Measured p-values (seed 1 for the correct engine, 200 answers; seed 2 for the controls, 150 answers):
+  chain  depth 5 reached by 151 of 200; deep 0.047, all 0.067.  Control: deep 8.3e-9 (101 of 150 reached).
+  tree   depth 5 reached by 181 of 200; deep 0.81, all 0.99.    Control: deep 1.3e-28 (138 of 150 reached).
+Other seeds (300 correct / 100 control answers): chain deep 0.59, 0.47, controls 7.8e-6, 8.0e-8; tree
+deep 0.91, 0.89, controls 6.3e-20, 1.0e-18. ALPHA = 1e-4 lies orders of magnitude from both sides.
 """
 
 from __future__ import annotations
@@ -35,12 +45,14 @@ from specwire.decode import engine
 from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
 from specwire.decode.sampling import SamplingParams, logits_to_probs, make_generator
 
-PARAMS = SamplingParams(temperature=1.0, top_k=4)
+PARAMS = SamplingParams(temperature=0.7, top_k=4)
 DEPTH = 5  # the deep node under test
 NEW_TOKENS = DEPTH + 2  # the prefill's token, then one pass of depth 5 (and its bonus token)
-PROMPT = "Repeat this line five times, one per line:\nthe quick brown fox jumps over the lazy dog"
-SAMPLES = 160  # per run; see the module docstring for the statistic
-ALPHA = 1e-3  # a correct engine passes with p > ALPHA; the controls must fall below it
+PROMPT = "Write a Python function that returns the sum of a list of numbers."
+ANSWER_SO_FAR = "```python\ndef sum_list(numbers):\n    return sum(numbers"  # the target's greedy answer (15 tokens)
+SAMPLES = 200  # per run; see the module docstring for the statistic
+CONTROL_SAMPLES = 150  # enough for the chain control to fail by orders of magnitude (the tree's fails by far more)
+ALPHA = 1e-4  # a correct engine passes with p > ALPHA; the controls must fall below it
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +61,8 @@ def setup():
 
     target = load_target("smollm2-135m", device="cpu")
     draft = load_engine_draft("smollm2-135m-eagle3", target)
-    return target, draft, target.encode_chat(PROMPT)
+    answer = target.tokenizer.encode(ANSWER_SO_FAR, add_special_tokens=False)
+    return target, draft, target.encode_chat(PROMPT) + answer
 
 
 def draw(target, draft, prompt, *, tree: bool, n: int, seed: int) -> tuple[list[list[int]], list[bool]]:
@@ -126,16 +139,20 @@ def wrong_tree_q(verify):
 @pytest.mark.slow
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_sampled_depth5_keeps_the_target_distribution(setup, tree, monkeypatch):
+    """Seeded draws (torch.Generator) on one torch thread: the passes are small, and a fixed thread count
+    keeps the float reductions, hence the draws, reproducible (conftest restores the thread count)."""
+    torch.set_num_threads(1)
     target, draft, prompt = setup
     outs, deep = draw(target, draft, prompt, tree=tree, n=SAMPLES, seed=1)
     good = statistics(target, prompt, outs, deep)
-    assert good["reached"] >= SAMPLES // 4, good  # enough rounds reach depth 5 for the deep statistic
+    assert good["reached"] >= SAMPLES // 2, good  # enough rounds reach depth 5 for the deep statistic
     assert good["deep"] > ALPHA and good["all"] > ALPHA, good
     # the negative control: a wrong q at depth 5 only
     if tree:
         monkeypatch.setattr(engine, "verify_tree_sampled", wrong_tree_q(engine.verify_tree_sampled))
     else:
         monkeypatch.setattr(engine, "verify_chain_sampled", wrong_chain_q(engine.verify_chain_sampled))
-    outs, deep = draw(target, draft, prompt, tree=tree, n=SAMPLES, seed=2)
+    outs, deep = draw(target, draft, prompt, tree=tree, n=CONTROL_SAMPLES, seed=2)
     bad = statistics(target, prompt, outs, deep)
+    print(f"{'tree' if tree else 'chain'}: correct {good}, wrong q at depth {DEPTH} {bad}")
     assert bad["deep"] < ALPHA, (good, bad)

@@ -47,7 +47,7 @@ def test_capture_equals_hf_hidden_states(arch_model):
     assert cap.states.shape == (L + 1, 2, 11, model.config.hidden_size)
     for i in range(L):
         torch.testing.assert_close(cap.states[i], ref.hidden_states[i], atol=ATOL, rtol=0, msg=f"{arch} hs {i}")
-    # HF's last entry is taken after the final norm (FIELD-NOTES section 1), ours before it: for all six
+    # HF's last entry is taken after the final norm (docs/CONVENTIONS.md section 1), ours before it: for all six
     # architectures (transformers 5.19), final_norm(hs L) reproduces HF's entry L exactly, and hs L differs.
     torch.testing.assert_close(parts.final_norm(cap.states[L]), ref.hidden_states[L], atol=ATOL, rtol=0)
     assert not torch.allclose(cap.states[L], ref.hidden_states[L], atol=1e-3)

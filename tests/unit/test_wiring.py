@@ -30,7 +30,7 @@ HS_LIKE = ("hs", "vllm", "speculators", "eagle")  # conventions where id k = hs 
 SGLANG_LIKE = ("sglang", "specforge")  # id k = output of layer k = hs k+1
 
 
-# ---- the worked examples of FIELD-NOTES section 1 ---------------------------------------------------
+# ---- the worked examples of docs/CONVENTIONS.md section 1 ------------------------------------------
 
 def test_smollm2_default_wiring_in_every_convention():
     L = 30

@@ -1,48 +1,33 @@
-"""The cost of one target pass over T new tokens (with a KV cache), nn.Linear against pre-transposed layers.
+"""The cost of one target pass over T new tokens, for every candidate kernel, and which one the defaults pick.
 
-Speculation pays when verifying T drafted tokens costs little more than decoding one; this measures that
-curve on the machine at hand, for both ways of computing the target's linear layers (`specwire.target.fastlinear`).
+Speculation pays when verifying T drafted tokens costs little more than decoding one. This measures that
+curve on the machine at hand, T = 1..17, for each kernel `--dtype auto` considers (fp32 always, bf16 where
+the CPU computes it natively; nn.Linear or pre-transposed weights), each in two forms:
+  - invariant: the batch-invariant attention and the linear row padding measured for this machine
+    (what decoding runs: passes bitwise equal to single steps);
+  - stock: transformers' sdpa and no padding (what `hf-generate` runs; not invariant).
+It then ranks the invariant kernels as `--dtype auto` does and says which it chose and why.
 
     python tools/verify_cost.py --threads 2 --out docs/bench/verify-cost
 
-Writes results.md, results.json and results.png (ms per pass against T, and the ratio to T=1) into --out.
-Median of --reps passes after a warm-up; the cache is cropped back after every pass, so each pass sees the
-same --context tokens of history.
+Writes results.md, results.json and results.png into --out. Median of --reps passes after two warm-ups;
+the cache is cropped back after every pass, so each pass sees the same --context tokens of history.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
-from specwire.bench.run import cpu_model
+from specwire.decode.kernels import candidate_kernels, describe_features, rank_kernels, reference_acceptance
 from specwire.safeio import atomic_path, write_json, write_text
+from specwire.target.fastlinear import linear_min_rows
+from specwire.target.hardware import KernelChoice, measure_curve
 from specwire.target.load import load_target
 
-TOKENS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
-
-
-def pass_ms(model, context: torch.Tensor, T: int, *, reps: int) -> float:
-    """Median wall time (ms) of one forward of T new tokens after `context`, cache cropped back each time."""
-    from transformers import DynamicCache
-
-    with torch.no_grad():
-        cache = DynamicCache()
-        model(context, past_key_values=cache, use_cache=True)
-        n = context.shape[1]
-        x = torch.randint(0, model.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(T))
-        times = []
-        for r in range(reps + 2):  # two warm-up passes
-            t0 = time.perf_counter()
-            model(x, past_key_values=cache, use_cache=True, position_ids=torch.arange(n, n + T)[None])
-            if r >= 2:
-                times.append(time.perf_counter() - t0)
-            cache.crop(n)
-    return 1000 * statistics.median(times)
+SHOWN = (1, 2, 4, 6, 8, 12, 16, 17)
 
 
 def main(argv=None) -> int:
@@ -50,50 +35,75 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context", type=int, default=256, help="tokens already in the cache (default: %(default)s)")
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--out", default="docs/bench/verify-cost")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    results: dict[str, list[float]] = {}
-    for linear in ("torch", "pretransposed"):
-        target = load_target(args.target, device="cpu", dtype="float32", linear=linear)
-        ctx = torch.randint(0, target.spec.vocab_size, (1, args.context), generator=torch.Generator().manual_seed(0))
-        results[linear] = [round(pass_ms(target.model, ctx, T, reps=args.reps), 2) for T in TOKENS]
-        print(linear, results[linear], flush=True)
-        del target
+    curves, rows = {}, {}
+    for kernel in candidate_kernels("cpu"):
+        for form in ("invariant", "stock"):
+            attention = "invariant" if form == "invariant" else "sdpa"
+            t = load_target(args.target, device="cpu", dtype=kernel.dtype, linear=kernel.linear, attention=attention,
+                            min_rows=None if form == "invariant" else 1)
+            c = measure_curve(t, kernel, min_rows=linear_min_rows(t.model), context=args.context, reps=args.reps)
+            name = f"{kernel.name} {form}"
+            rows[name] = c
+            if form == "invariant":
+                from specwire.decode.kernels import _check
+
+                c.invariant = _check(t)
+                curves[kernel.name] = c
+            print(name, [round(c.at(T), 1) for T in SHOWN], flush=True)
+            del t
+    ranking = rank_kernels(curves, reference_acceptance())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = f"python tools/verify_cost.py --threads {args.threads} --context {args.context} --reps {args.reps} --out {args.out}"
-    meta = {"target": args.target, "threads": args.threads, "context": args.context, "reps": args.reps,
-            "torch": torch.__version__, "cpu": cpu_model(), "command": command}
-    write_json(out / "results.json", {"tokens": list(TOKENS), "ms": results, **meta})
-    base = results["torch"][0]
-    rows = ["| tokens in the pass | " + " | ".join(map(str, TOKENS)) + " |", "|---|" + "---:|" * len(TOKENS)]
-    for linear, ms in results.items():
-        rows.append(f"| {linear}, ms | " + " | ".join(f"{v:.1f}" for v in ms) + " |")
-        rows.append(f"| {linear}, x torch T=1 | " + " | ".join(f"{v / base:.2f}" for v in ms) + " |")
-    md = (f"# Cost of one target pass over T tokens\n\n`{command}`\n\n{args.target}, fp32, {args.threads} threads, "
-          f"{args.context} tokens of context, median of {args.reps} passes, on {cpu_model()}.\n\n" + "\n".join(rows) + "\n")
+    from specwire.target.hardware import cpu_model
+
+    cpu = f"{cpu_model()} ({describe_features()})"
+    write_json(out / "results.json", {"tokens": SHOWN, "curves": {n: c.to_dict() for n, c in rows.items()},
+                                      "ranking": [{"kernel": r.kernel.name, "expected_tokens_per_s": r.expected_tokens_per_s,
+                                                   "budget": r.budget} for r in ranking],
+                                      "cpu": cpu, "threads": args.threads, "torch": torch.__version__,
+                                      "context": args.context, "command": command})
+    base = rows[next(iter(rows))].at(1)
+    lines = ["| kernel | row padding | bitwise invariant | " + " | ".join(f"T={T}" for T in SHOWN) + " | T=17 / T=1 |",
+             "|---|---:|:---:|" + "---:|" * (len(SHOWN) + 1)]
+    for name, c in rows.items():
+        inv = {True: "yes", False: "no", None: "no (stock)"}[c.invariant]
+        lines.append(f"| {name} | {c.min_rows} | {inv} | " + " | ".join(f"{c.at(T):.1f}" for T in SHOWN)
+                     + f" | {c.at(17) / c.at(1):.2f}x |")
+    if ranking:
+        best = ranking[0]
+        why = (f"The defaults (`--dtype auto --linear auto`) chose **{best.kernel.name}**: of the kernels whose passes "
+               f"were bitwise equal to single steps, it gives the most tokens per second that `--budget auto` expects "
+               f"with the shipped draft's acceptance ({best.expected_tokens_per_s:.1f} tok/s, budget {best.budget}); "
+               + "; ".join(f"{r.kernel.name}: {r.expected_tokens_per_s:.1f} tok/s ({r.budget})" for r in ranking[1:]) + ".")
+    else:
+        why = "No kernel passed the bitwise check on this machine: decoding falls back to fp32 and the bench says so."
+    md = (f"# Cost of one target pass over T tokens, per kernel\n\n`{command}`\n\n{args.target}, {args.threads} threads, "
+          f"{args.context} tokens of context, median of {args.reps} passes, ms, on {cpu}, torch {torch.__version__}.\n\n"
+          + "\n".join(lines) + "\n\n" + why + "\n")
     write_text(out / "results.md", md)
-    _plot(results, base, out / "results.png")
+    _plot(rows, base, out / "results.png")
     print(md)
     return 0
 
 
-def _plot(results: dict[str, list[float]], base: float, path: Path) -> None:
+def _plot(rows, base: float, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for linear, ms in results.items():
-        ax.plot(TOKENS, [v / base for v in ms], marker="o", label=linear)
-    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, c in rows.items():
+        ax.plot(c.tokens, c.ms, marker="o", ms=3, ls="-" if "invariant" in name else ":", label=name)
     ax.set_xlabel("tokens in one target pass (T)")
-    ax.set_ylabel("time / one-token pass (nn.Linear)")
-    ax.set_title("Target pass cost against T")
-    ax.legend()
+    ax.set_ylabel("ms per pass")
+    ax.set_title("Target pass cost against T (solid: bitwise invariant)")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")

@@ -96,7 +96,7 @@ def test_parse_methods_and_config_validation():
     with pytest.raises(SpecwireError, match="need a draft"):
         BenchConfig(methods=("plain", "eagle3-tree"), draft=None)
     with pytest.raises(SpecwireError, match="topk"):
-        BenchConfig(spec=SpecConfig(topk=0))
+        BenchConfig(spec=SpecConfig(budget="fixed", topk=0))
     c = BenchConfig(methods=("hf-generate",))
     assert c.run_methods == ("hf-generate", "plain") and not c.needs_draft
 
@@ -185,7 +185,7 @@ def test_run_bench_all_methods_with_random_tiny_draft(tiny_llama_target, prompt_
     pytest.importorskip("specwire.decode.engine", reason="the speculative engine (specwire.decode.engine) is not installed yet")
     draft_dir = random_tiny_draft(tiny_llama_target, tmp_path / "draft")
     cfg = BenchConfig(target=str(tiny_llama_target.info.path), draft=str(draft_dir), prompts=str(prompt_file),
-                      max_new_tokens=16, spec=SpecConfig(num_steps=3, topk=2, num_draft_tokens=6), warmup_tokens=2,
+                      max_new_tokens=16, spec=SpecConfig(budget="fixed", num_steps=3, topk=2, num_draft_tokens=6), warmup_tokens=2,
                       out_dir=str(tmp_path / "run"), progress=False)
     rep = run_bench(cfg, target=tiny_llama_target)
     assert [r.method for r in rep.results] == list(METHODS)

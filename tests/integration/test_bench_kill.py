@@ -30,7 +30,7 @@ if sys.platform == "win32":  # pragma: no cover
 
 N_PROMPTS = 12
 METHODS = "plain,eagle3-chain,eagle3-tree"
-SPEC = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+SPEC = SpecConfig(budget="fixed", num_steps=3, topk=2, num_draft_tokens=6)
 MAX_NEW_TOKENS = 16
 
 

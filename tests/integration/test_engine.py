@@ -89,15 +89,15 @@ def test_tree_pass_equals_sequential_passes_and_compaction_keeps_the_branch(targ
 def test_greedy_random_draft_is_lossless(target, draft, tree, n_prompt):
     prompt = prompt_of(n_prompt, seed=n_prompt)
     ref = plain_generate(target, prompt, max_new_tokens=24)
-    res = speculative_generate(target, draft, prompt, max_new_tokens=24, tree=tree)
+    res = speculative_generate(target, draft, prompt, max_new_tokens=24, tree=tree, spec=SpecConfig(budget="fixed"))
     assert res.output_ids == ref.output_ids and res.stop_reason == ref.stop_reason
     assert res.extra["tree"] is tree
     assert res.extra["target_forwards"] == res.target_forwards == 1 + res.extra["num_verify_passes"]
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(num_steps=3, topk=2, num_draft_tokens=5),
-                                  SpecConfig(num_steps=6, topk=5, num_draft_tokens=40),
-                                  SpecConfig(num_steps=4, topk=1, num_draft_tokens=4)],
+@pytest.mark.parametrize("spec", [SpecConfig(budget="fixed", num_steps=3, topk=2, num_draft_tokens=5),
+                                  SpecConfig(budget="fixed", num_steps=6, topk=5, num_draft_tokens=40),
+                                  SpecConfig(budget="fixed", num_steps=4, topk=1, num_draft_tokens=4)],
                          ids=["small-tree", "wide-tree", "topk1"])
 def test_greedy_random_draft_other_tree_shapes(target, draft, spec):
     prompt = prompt_of(20, seed=3)
@@ -110,7 +110,7 @@ def test_greedy_oracle_accepts_many_tokens_losslessly(target, tree):
     prompt = prompt_of(30, seed=7)
     ref = plain_generate(target, prompt, max_new_tokens=60, stop_on_eos=False).output_ids
     oracle = OracleProposer(prompt, ref, target.spec.vocab_size)
-    res = speculative_generate(target, oracle, prompt, max_new_tokens=60, tree=tree, stop_on_eos=False)
+    res = speculative_generate(target, oracle, prompt, max_new_tokens=60, tree=tree, stop_on_eos=False, spec=SpecConfig(budget="fixed"))
     assert res.output_ids == ref
     ex = res.extra
     assert ex["accept_length"] > 2.5  # multi-token acceptance through the real verify + KV path
@@ -127,7 +127,7 @@ def test_greedy_oracle_every_max_length(target, tree):
     ref = plain_generate(target, prompt, max_new_tokens=14, stop_on_eos=False).output_ids
     for n in range(1, 15):
         oracle = OracleProposer(prompt, ref, target.spec.vocab_size)
-        res = speculative_generate(target, oracle, prompt, max_new_tokens=n, tree=tree, stop_on_eos=False)
+        res = speculative_generate(target, oracle, prompt, max_new_tokens=n, tree=tree, stop_on_eos=False, spec=SpecConfig(budget="fixed"))
         assert res.output_ids == ref[:n] and res.stop_reason == "length", n
 
 
@@ -144,7 +144,7 @@ def test_greedy_eos_inside_an_accepted_run(target, tree):
         plain = plain_generate(target, prompt, max_new_tokens=40)
         assert plain.stop_reason == "eos" and plain.output_ids == ref[: idx + 1]
         for draft_ in (OracleProposer(prompt, ref, target.spec.vocab_size),):
-            res = speculative_generate(target, draft_, prompt, max_new_tokens=40, tree=tree)
+            res = speculative_generate(target, draft_, prompt, max_new_tokens=40, tree=tree, spec=SpecConfig(budget="fixed"))
             assert res.output_ids == plain.output_ids and res.stop_reason == "eos"
     finally:
         cfg.eos_token_id = old
@@ -159,7 +159,7 @@ def test_greedy_eos_with_random_draft(target, draft):
     try:
         plain = plain_generate(target, prompt, max_new_tokens=30)
         for tree in (False, True):
-            res = speculative_generate(target, draft, prompt, max_new_tokens=30, tree=tree)
+            res = speculative_generate(target, draft, prompt, max_new_tokens=30, tree=tree, spec=SpecConfig(budget="fixed"))
             assert res.output_ids == plain.output_ids and res.stop_reason == "eos"
     finally:
         cfg.eos_token_id = old
@@ -175,10 +175,10 @@ def test_sampling_with_near_zero_temperature_reduces_to_greedy(target, draft, tr
     ref = plain_generate(target, prompt, max_new_tokens=30, stop_on_eos=False).output_ids
     oracle = OracleProposer(prompt, ref, target.spec.vocab_size)
     res = speculative_generate(target, oracle, prompt, max_new_tokens=30, params=params, tree=tree,
-                               generator=make_generator(0), stop_on_eos=False)
+                               generator=make_generator(0), stop_on_eos=False, spec=SpecConfig(budget="fixed"))
     assert res.output_ids == ref and res.extra["accept_length"] > 2
     res = speculative_generate(target, draft, prompt, max_new_tokens=30, params=params, tree=tree,
-                               generator=make_generator(0), stop_on_eos=False)
+                               generator=make_generator(0), stop_on_eos=False, spec=SpecConfig(budget="fixed"))
     assert res.output_ids == ref
 
 
@@ -187,7 +187,7 @@ def test_sampling_is_reproducible_with_a_seed(target, draft, tree):
     prompt = prompt_of(10, seed=12)
     params = SamplingParams(temperature=1.0, top_p=0.9)
     runs = [speculative_generate(target, draft, prompt, max_new_tokens=20, params=params, tree=tree,
-                                 generator=make_generator(s)).output_ids for s in (5, 5, 6)]
+                                 generator=make_generator(s), spec=SpecConfig(budget="fixed")).output_ids for s in (5, 5, 6)]
     assert runs[0] == runs[1]
     assert len(runs[0]) == 20 or runs[0][-1] in target.eos_token_ids
 
@@ -195,15 +195,15 @@ def test_sampling_is_reproducible_with_a_seed(target, draft, tree):
 # ---- metrics ----------------------------------------------------------------------------------------------
 
 def test_metrics_are_consistent(target, draft):
-    res = speculative_generate(target, draft, prompt_of(8), max_new_tokens=12)
+    res = speculative_generate(target, draft, prompt_of(8), max_new_tokens=12, spec=SpecConfig(budget="fixed"))
     ex = res.extra
     for key in ("accept_length", "accept_per_position", "draft_s", "verify_s", "other_s", "target_forwards",
                 "num_verify_passes"):
         assert key in ex
     assert ex["draft_s"] > 0 and ex["verify_s"] > 0
     assert ex["draft_s"] + ex["verify_s"] + ex["other_s"] == pytest.approx(res.seconds, rel=1e-6, abs=1e-6)
-    assert 1.0 <= ex["accept_length"] <= 1 + SpecConfig().num_steps
-    assert len(ex["accept_per_position"]) == SpecConfig().num_steps
+    assert 1.0 <= ex["accept_length"] <= 1 + SpecConfig(budget="fixed").num_steps
+    assert len(ex["accept_per_position"]) == SpecConfig(budget="fixed").num_steps
     assert res.tokens_per_s > 0
 
 
@@ -239,7 +239,7 @@ def test_hs_ids_override(target, draft_dir):
     assert d.config.wiring.hs_ids == (3, 1, 2)
     prompt = prompt_of(6)
     ref = plain_generate(target, prompt, max_new_tokens=8)
-    assert speculative_generate(target, d, prompt, max_new_tokens=8).output_ids == ref.output_ids
+    assert speculative_generate(target, d, prompt, max_new_tokens=8, spec=SpecConfig(budget="fixed")).output_ids == ref.output_ids
     with pytest.raises(SpecwireError, match="fuses 3 states"):
         load_engine_draft(draft_dir, target, hs_ids_override=[1, 2])
     with pytest.raises(SpecwireError, match="out of range"):
@@ -248,13 +248,13 @@ def test_hs_ids_override(target, draft_dir):
 
 def test_bad_requests(target, draft):
     with pytest.raises(SpecwireError, match="empty prompt"):
-        speculative_generate(target, draft, [], max_new_tokens=4)
+        speculative_generate(target, draft, [], max_new_tokens=4, spec=SpecConfig(budget="fixed"))
     with pytest.raises(SpecwireError, match="context"):
-        speculative_generate(target, draft, prompt_of(200), max_new_tokens=100)
+        speculative_generate(target, draft, prompt_of(200), max_new_tokens=100, spec=SpecConfig(budget="fixed"))
     with pytest.raises(SpecwireError, match="temperature"):
-        speculative_generate(target, draft, prompt_of(3), params=SamplingParams(temperature=-1.0))
+        speculative_generate(target, draft, prompt_of(3), params=SamplingParams(temperature=-1.0), spec=SpecConfig(budget="fixed"))
     with pytest.raises(SpecwireError, match="num_steps"):
-        SpecConfig(num_steps=0)
+        SpecConfig(budget="fixed", num_steps=0)
 
 
 # ---- the built-in target --------------------------------------------------------------------------------------
@@ -274,10 +274,10 @@ def test_builtin_target_mt_bench_lossless(tmp_path):
         prompt = target.encode_chat(q)
         ref = plain_generate(target, prompt, max_new_tokens=24, stop_on_eos=False).output_ids
         for tree in (False, True):
-            res = speculative_generate(target, draft, prompt, max_new_tokens=24, tree=tree, stop_on_eos=False)
+            res = speculative_generate(target, draft, prompt, max_new_tokens=24, tree=tree, stop_on_eos=False, spec=SpecConfig(budget="fixed"))
             assert res.output_ids == ref
         res = speculative_generate(target, OracleProposer(prompt, ref, target.spec.vocab_size), prompt,
-                                   max_new_tokens=24, stop_on_eos=False)
+                                   max_new_tokens=24, stop_on_eos=False, spec=SpecConfig(budget="fixed"))
         assert res.output_ids == ref and res.extra["accept_length"] > 2
 
 
@@ -323,7 +323,7 @@ def test_sampled_first_two_tokens_follow_the_target(target, draft, case):
     for _ in range(n):
         d = draft if case == "random-draft-chain" else TopTwoProposer(target, prompt)
         out = speculative_generate(target, d, prompt, max_new_tokens=3, params=params, generator=g,
-                                   tree=case == "top2-tree", stop_on_eos=False).output_ids
+                                   tree=case == "top2-tree", stop_on_eos=False, spec=SpecConfig(budget="fixed")).output_ids
         counts[(out[0], out[1])] += 1  # a KeyError here is a token the target cannot produce
     keys = sorted(exact)
     expected = torch.tensor([exact[k] for k in keys], dtype=torch.float64)

@@ -52,7 +52,7 @@ def test_generate_with_a_draft_prints_what_plain_greedy_prints(tiny_llama_target
 
 def test_generate_reply_library_call(tiny_llama_target, tiny_draft):
     cfg = GenerateConfig(prompt="hello", target=str(tiny_llama_target.info.path), draft=str(tiny_draft), max_new_tokens=8,
-                         spec=SpecConfig(tree=False))
+                         spec=SpecConfig(budget="fixed", tree=False))
     spec = generate_reply(cfg, target=tiny_llama_target)
     plain = generate_reply(GenerateConfig(prompt="hello", max_new_tokens=8), target=tiny_llama_target)
     assert spec.result.output_ids == plain.result.output_ids and spec.text == plain.text

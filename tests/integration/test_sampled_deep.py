@@ -68,7 +68,7 @@ def setup():
 def draw(target, draft, prompt, *, tree: bool, n: int, seed: int) -> tuple[list[list[int]], list[bool]]:
     """n sampled answers of NEW_TOKENS tokens, and whether each one's first pass reached depth DEPTH."""
     g = make_generator(seed, target.device)
-    spec = SpecConfig(num_steps=DEPTH, tree=tree)
+    spec = SpecConfig(budget="fixed", num_steps=DEPTH, tree=tree)
     outs, deep = [], []
     for _ in range(n):
         r = speculative_generate(target, draft, prompt, max_new_tokens=NEW_TOKENS, params=PARAMS, generator=g,

@@ -137,7 +137,7 @@ def draft(tiny_llama_target, tmp_path_factory):
 def _client(target, draft, mode):
     from fastapi.testclient import TestClient
 
-    spec = SpecConfig(num_steps=3, topk=2, num_draft_tokens=5, tree=mode == "tree")
+    spec = SpecConfig(budget="fixed", num_steps=3, topk=2, num_draft_tokens=5, tree=mode == "tree")
     client = TestClient(create_app(target, None if mode == "plain" else draft, spec=spec, model_name=MODEL))
     client.mode = mode
     return client
@@ -342,7 +342,7 @@ def test_builtin_target_chat_is_lossless_and_streams_the_same_text(tmp_path):
     target = load_target("smollm2-135m", device="cpu", dtype="float32")
     path = SHIPPED_DRAFT if (shipped_draft_dir() / "config.json").is_file() else make_draft_dir(target, tmp_path / "d")
     app = create_app(target, load_engine_draft(path, target),
-                     spec=SpecConfig(num_steps=3, topk=2, num_draft_tokens=4), model_name=MODEL)
+                     spec=SpecConfig(budget="fixed", num_steps=3, topk=2, num_draft_tokens=4), model_name=MODEL)
     messages = [{"role": "user", "content": "Name three colours, in French."}]
     text, ref = _plain_text(target, target.encode_chat(messages), 16)
     with TestClient(app) as client:

@@ -144,7 +144,7 @@ def make_app(target, draft=None, *, delay: float = 0.0, **config):
 
         plain_module.plain_generate = slow  # create_app binds the function now
     try:
-        spec = SpecConfig(num_steps=3, topk=2, num_draft_tokens=5)
+        spec = SpecConfig(budget="fixed", num_steps=3, topk=2, num_draft_tokens=5)
         return create_app(target, draft, spec=spec, model_name=MODEL, config=config), config
     finally:
         plain_module.plain_generate = real

@@ -29,7 +29,7 @@ def test_the_readme_calls_match_the_signatures():
     assert list(params(specwire.evaluate))[:2] == ["draft", "data"]
     assert list(params(specwire.train))[:1] == ["config"]
     assert specwire.TrainConfig(data="d", out="o").data == "d"
-    assert specwire.SpecConfig(num_steps=5, topk=4).num_draft_tokens >= 1
+    assert specwire.SpecConfig(budget="fixed", num_steps=5, topk=4).num_draft_tokens >= 1
 
 
 def test_unknown_name_is_an_attribute_error():

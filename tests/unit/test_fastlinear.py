@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from specwire.decode.engine import load_engine_draft, speculative_generate
+from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
 from specwire.errors import SpecwireError
 from specwire.target.fastlinear import PretransposedLinear, is_pretransposed, pretranspose_linears
 from specwire.decode.plain import plain_generate
@@ -70,9 +70,9 @@ def test_speculation_on_a_swapped_target_is_lossless(swapped, tree):
         prompt = prompt_of(n_prompt, seed=n_prompt)
         ref = plain_generate(target, prompt, max_new_tokens=40, stop_on_eos=False).output_ids
         assert speculative_generate(target, draft, prompt, max_new_tokens=40, tree=tree,
-                                    stop_on_eos=False).output_ids == ref
+                                    stop_on_eos=False, spec=SpecConfig(budget="fixed")).output_ids == ref
         oracle = OracleProposer(prompt, ref, target.spec.vocab_size)  # multi-token verify passes
-        res = speculative_generate(target, oracle, prompt, max_new_tokens=40, tree=tree, stop_on_eos=False)
+        res = speculative_generate(target, oracle, prompt, max_new_tokens=40, tree=tree, stop_on_eos=False, spec=SpecConfig(budget="fixed"))
         assert res.output_ids == ref and res.extra["accept_length"] > 2
 
 
@@ -111,7 +111,9 @@ def test_verify_cost_script_writes_its_tables(swapped, tmp_path):
     assert mod.main(["--target", str(target.info.path), "--threads", "1", "--context", "8", "--reps", "1",
                      "--out", str(tmp_path / "vc")]) == 0
     data = json.loads((tmp_path / "vc" / "results.json").read_text())
-    assert set(data["ms"]) == {"torch", "pretransposed"}
-    assert all(len(v) == len(data["tokens"]) and min(v) > 0 for v in data["ms"].values())
-    assert "| pretransposed, ms |" in (tmp_path / "vc" / "results.md").read_text()
+    assert {"float32/torch invariant", "float32/torch stock", "float32/pretransposed invariant"} <= set(data["curves"])
+    assert all(len(c["ms"]) == 17 and min(c["ms"]) > 0 for c in data["curves"].values())
+    assert all(c["invariant"] for name, c in data["curves"].items() if name.endswith("invariant"))
+    md = (tmp_path / "vc" / "results.md").read_text()
+    assert "| float32/torch invariant |" in md and "The defaults (`--dtype auto --linear auto`) chose" in md
     assert (tmp_path / "vc" / "results.png").read_bytes()[:4] == b"\x89PNG"

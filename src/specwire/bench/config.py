@@ -29,7 +29,7 @@ DRAFT_METHODS = ("eagle3-chain", "eagle3-tree")
 REFERENCE = "plain"  # every method's output is compared with this one's (greedy oracle)
 BASELINE = "hf-generate"
 PROMPT_LOOKUP_TOKENS = 10  # n-gram candidates per step for hf-prompt-lookup
-SPEC_KNOBS = ("num_steps", "topk", "num_draft_tokens")  # the SpecConfig fields a bench records (the method picks tree/chain)
+SPEC_KNOBS = ("num_steps", "topk", "num_draft_tokens", "budget")  # the SpecConfig fields a bench records (the method picks tree/chain)
 # BenchConfig fields a resumed run may change: a larger limit extends a run with more prompts.
 RESUME_FREE_FIELDS = ("limit", "out_dir", "resume", "progress", "command")
 
@@ -69,8 +69,8 @@ class BenchConfig:
     methods: tuple[str, ...] = METHODS  # comma-separated subset of the methods; plain always runs (it is the oracle)
     spec: SpecConfig = field(default_factory=SpecConfig)  # speculation of the eagle3 methods (its `tree` is ignored: the method picks)
     device: str | None = None  # torch device (None: cuda when available, else cpu)
-    dtype: str = "float32"  # weights dtype, the same for every method
-    linear: str = "torch"  # the target's linear layers ("torch" or "pretransposed"), shared by every method
+    dtype: str = "auto"  # weights dtype, the same for every method ("auto": the fastest batch-invariant on this machine)
+    linear: str = "auto"  # the target's linear layers ("auto", "torch" or "pretransposed"), shared by every method
     threads: int | None = None  # torch CPU threads (None: leave torch's setting)
     warmup_tokens: int = 16  # warm-up tokens per method on the first prompt before timing (0: no warm-up)
     out_dir: str | None = None  # run folder (None: runs/bench-<prompts>-<timestamp>/); "" = write nothing
@@ -103,7 +103,7 @@ class BenchConfig:
         """The methods actually run: the requested ones, plus `plain` (the oracle) if it was left out."""
         return self.methods if REFERENCE in self.methods else self.methods + (REFERENCE,)
 
-    def spec_settings(self) -> dict[str, int]:
+    def spec_settings(self) -> dict[str, Any]:
         """The speculation knobs the eagle3 methods use (what results.json's `spec` holds)."""
         return {k: getattr(self.spec, k) for k in SPEC_KNOBS}
 
@@ -142,6 +142,7 @@ def upgrade_settings(recorded: Mapping[str, Any]) -> dict[str, Any]:
     for k in SPEC_KNOBS:
         if k in d and d[k] is None:
             d[k] = getattr(default, k)
+    d.setdefault("budget", "fixed")  # runs recorded before `auto` used the knobs as given
     return d
 
 
@@ -184,6 +185,7 @@ class MethodResult:
     time_split: dict | None  # {"draft_s", "verify_s", "other_s", "verify_passes"} summed, for draft methods
     speedup_vs_hf: float | None = None  # tokens_per_s / hf-generate's (None when not run)
     speedup_vs_plain: float | None = None  # tokens_per_s / plain's
+    budgets: dict[str, int] | None = None  # draft methods: rounds run with each speculation budget (auto's choices)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

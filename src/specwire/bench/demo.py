@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from specwire.bench.config import DRAFT_METHODS, BenchConfig, BenchReport
-from specwire.bench.report import render_positions, render_table, speedup_sentence
+from specwire.bench.report import render_budgets, render_positions, render_table, speedup_sentence
 from specwire.bench.run import default_run_dir, run_bench
 from specwire.decode.engine import SpecConfig, load_engine_draft
 from specwire.decode.generate import decode_reply
 from specwire.draft.model import SHIPPED_DRAFT
 from specwire.errors import SpecwireError
-from specwire.target.load import BUILTIN_TARGET, Target, TargetInfo, load_target
+from specwire.decode.kernels import load_decoding_target
+from specwire.target.load import BUILTIN_TARGET, Target, TargetInfo
 from specwire.wiring import CONVENTIONS
 
 DEMO_PROMPTS = [
@@ -73,8 +74,8 @@ class DemoConfig:
     bench_tokens: int = 64  # new tokens per benchmark prompt
     out: str | None = None  # benchmark run folder (default: runs/demo-mt-bench-<timestamp>/)
     device: str | None = None  # torch device (None: cuda when available, else cpu)
-    dtype: str = "float32"  # weights dtype
-    linear: str = "torch"  # the target's linear layers ("torch" or "pretransposed")
+    dtype: str = "auto"  # weights dtype ("auto": the fastest batch-invariant on this machine)
+    linear: str = "auto"  # the target's linear layers ("auto", "torch" or "pretransposed")
     threads: int | None = None  # torch CPU threads (None: leave torch's setting)
 
     def __post_init__(self):
@@ -116,10 +117,37 @@ def doctor_verdict(draft_name: str, target: Target) -> str:
     return f"doctor: {len(errs)} error(s): {', '.join(errs)}; run `specwire doctor {draft_name}` for the fixes."
 
 
+def machine_sentence(report: BenchReport, target: Target) -> str:
+    """Which kernel the defaults chose on this machine and, when speculation did not beat the faster baseline,
+    why: the measured cost of a verify pass against a one-token step, and the CPU features behind it."""
+    from specwire.decode.kernels import cost_curve, describe_features, kernel_of
+
+    curve = cost_curve(target)
+    ratio = curve.at(17) / curve.at(1)
+    head = (f"this machine: {report.machine.get('cpu')} ({describe_features()}), {kernel_of(target).name} chosen as the "
+            f"fastest bitwise-invariant kernel; a 17-token verify pass costs {ratio:.2f}x a 1-token step here.")
+    best = report.best_draft_method
+    base = [r.speedup_vs_hf, r.speedup_vs_plain] if (r := best) else []
+    if best is None or not base or min(x for x in base if x is not None) > 1.0:
+        return head
+    amx = cpu_has_amx()
+    why = ("without AMX, multi-token passes cost more than one-token steps, so a draft this weak "
+           f"(accept length {best.accept_length or 0:.2f}) cannot pay for its verify passes; `--budget auto` falls back to "
+           "fewer draft tokens or none rather than lose" if not amx else
+           f"the draft's accept length ({best.accept_length or 0:.2f}) is too low to pay for verification on this prompt set")
+    return head + f" Speculation is not faster here: {why}."
+
+
+def cpu_has_amx() -> bool:
+    from specwire.target.hardware import cpu_features
+
+    return cpu_features().get("amx_bf16", False)
+
+
 def run_demo(config: DemoConfig, *, say: Callable[..., None] = print) -> BenchReport:
     """Run the demo, handing every line (and every streamed piece, with end="") to `say`; return the benchmark."""
     t0 = time.perf_counter()
-    target = load_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear)
+    target = load_decoding_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear)
     say(render_info(target.info))
     say(f"\nloaded in {time.perf_counter() - t0:.1f} s")
     draft, why_not = demo_draft(config, target)
@@ -151,7 +179,11 @@ def run_demo(config: DemoConfig, *, say: Callable[..., None] = print) -> BenchRe
     pos = render_positions(report)
     if pos:
         say("\nacceptance per draft position:\n" + pos)
+    budgets = render_budgets(report)
+    if budgets:
+        say("\nspeculation budget (auto), rounds per choice ('none': plain steps):\n" + budgets)
     say("\n" + speedup_sentence(report))
+    say(machine_sentence(report, target))
     if draft is not None:
         say(doctor_verdict(config.draft, target))
     say(f"written: {report.run_dir}/results.md, results.png, results.json")

@@ -96,6 +96,16 @@ def speedup_sentence(report: BenchReport) -> str:
     return f"best: {best.method} at {best.tokens_per_s:.1f} tok/s = {' and '.join(parts)}{acc}; {loss}."
 
 
+def render_budgets(report: BenchReport) -> str:
+    """One line per draft method: the speculation budgets its rounds ran with, most used first."""
+    lines = []
+    for r in report.results:
+        if r.budgets:
+            used = ", ".join(f"{label} x{n}" for label, n in sorted(r.budgets.items(), key=lambda kv: -kv[1]))
+            lines.append(f"  {r.method:<14} {used}")
+    return "\n".join(lines)
+
+
 def render_summary(report: BenchReport) -> str:
     """What `specwire bench` prints: the table, per-position acceptance, the speed-up line, the folder."""
     c = report.config
@@ -105,6 +115,10 @@ def render_summary(report: BenchReport) -> str:
     pos = render_positions(report)
     if pos:
         parts += ["", "acceptance per draft position:", pos]
+    budgets = render_budgets(report)
+    if budgets:
+        parts += ["", f"speculation budget ({report.config.spec.budget}), rounds per choice ('none': plain steps):",
+                  budgets]
     parts += ["", speedup_sentence(report)]
     parts += [f"note: {n}" for n in report.notes]
     if report.run_dir:

@@ -39,24 +39,14 @@ from specwire.bench.summary import summarize
 from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
 from specwire.decode.plain import check_request, plain_generate
 from specwire.errors import SpecwireError
-
+from specwire.target.hardware import cpu_features, cpu_model
 
 # ---- machine -------------------------------------------------------------------------------------------
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
 
 def machine_info(device: torch.device, dtype: torch.dtype, model: torch.nn.Module | None = None) -> dict[str, Any]:
     import transformers
 
-    from specwire.target.fastlinear import is_pretransposed
+    from specwire.target.fastlinear import is_pretransposed, linear_min_rows
 
     info = {
         "torch": torch.__version__,
@@ -64,12 +54,15 @@ def machine_info(device: torch.device, dtype: torch.dtype, model: torch.nn.Modul
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
         "cpu": cpu_model(),
+        "cpu_features": [f for f, on in cpu_features().items() if on],
         "cpu_count": os.cpu_count(),
         "device": str(device),
         "dtype": str(dtype).replace("torch.", ""),
     }
     if model is not None:  # what the target's linear layers actually run (the config may ask for what CUDA skips)
         info["linear"] = "pretransposed" if is_pretransposed(model) else "torch"
+        info["linear_min_rows"] = linear_min_rows(model)
+        info["attention"] = getattr(model.config, "_attn_implementation", None)
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
@@ -86,7 +79,8 @@ def _sync(device: torch.device) -> None:
 
 
 def _hf_runner(target, *, prompt_lookup: bool) -> Runner:
-    """transformers `generate`, greedy, batch 1; counts target passes with a forward pre-hook."""
+    """transformers `generate`, greedy, batch 1, on transformers' own kernels (sdpa, unpadded linear layers: see
+    `target.invariance.stock_kernels`); counts target passes with a forward pre-hook."""
     from transformers import GenerationConfig
 
     pad = target.tokenizer.pad_token_id if target.tokenizer is not None else None
@@ -97,6 +91,8 @@ def _hf_runner(target, *, prompt_lookup: bool) -> Runner:
         calls[0] += 1
 
     def run(prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
+        from specwire.target.invariance import stock_kernels
+
         gc = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                               eos_token_id=eos, pad_token_id=pad if pad is not None else eos[0],
                               prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS if prompt_lookup else None)
@@ -105,7 +101,7 @@ def _hf_runner(target, *, prompt_lookup: bool) -> Runner:
         calls[0] = 0
         handle = target.model.register_forward_pre_hook(count)
         try:
-            with warnings.catch_warnings(), torch.inference_mode():
+            with warnings.catch_warnings(), torch.inference_mode(), stock_kernels(target.model):
                 warnings.simplefilter("ignore")
                 _sync(target.device)
                 t0 = time.perf_counter()
@@ -173,7 +169,7 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     loading `config.prompts`.
     """
     from specwire.data.prompts import load_prompts
-    from specwire.target.load import load_target
+    from specwire.decode.kernels import load_decoding_target
 
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -184,7 +180,7 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     if not records:
         raise SpecwireError(f"prompt source {config.prompts!r} holds no prompts.")
     if target is None:
-        target = load_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear)
+        target = load_decoding_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear)
     spec = None  # the knobs the eagle3 methods use, as the report states them
     runners: dict[str, Runner] = {}
     for m in config.run_methods:

@@ -66,12 +66,17 @@ def summarize_method(method: str, runs: Sequence[PromptRun], reference: dict[str
             per_pos = weighted_positions(rows, passes if sum(passes) > 0 else [1.0] * len(rows))
         split = {k: sum(float(r.extra.get(k) or 0.0) for r in runs) for k in ("draft_s", "verify_s", "other_s")}
         split["verify_passes"] = int(sum(passes))
+        budgets: dict[str, int] = {}
+        for r in runs:  # rounds per speculation budget ("none" counts plain steps under --budget auto)
+            for label, n in ((r.extra.get("budget_used") or {}).get("budgets_used") or {}).items():
+                budgets[label] = budgets.get(label, 0) + int(n)
     return MethodResult(
         method=method, tokens=tokens, seconds=seconds,
         tokens_per_s=tokens / seconds if seconds > 0 else float("nan"),
         target_forwards=fwd, tokens_per_forward=(tokens / fwd) if fwd else None,
         accept_length=accept, accept_per_position=per_pos,
         lossless=mismatches == 0, mismatches=mismatches, first_mismatch=first, time_split=split,
+        budgets=budgets if method in DRAFT_METHODS else None,
     )
 
 

@@ -30,6 +30,9 @@ def add_cli(sub) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="weights dtype of the target (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--record", action="store_true",
+                   help="store the per-step top-1 and top-k accuracy in the draft folder's acceptance.json, where "
+                        "decoding's `--budget auto` starts from (eval on prompts like the ones you will serve)")
     add_json_option(p)
     p.set_defaults(func=cmd_eval)
 
@@ -44,13 +47,23 @@ def cmd_eval(args) -> int:
     r = evaluate(where.path, args.data, target=args.target, ttt_steps=args.ttt_steps, split=args.split,
                  max_samples=args.max_samples, batch_tokens=args.batch_tokens, device=args.device,
                  dtype=args.dtype)
+    if args.record:
+        from specwire.draft.acceptance import DraftAcceptance, write_acceptance
+        from specwire.draft.checkpoint import locate_draft
+        from specwire.training.ttt import TOPK_STAT
+
+        path = write_acceptance(locate_draft(where.path).path, DraftAcceptance(
+            step_accuracy=[round(a, 4) for a in r.step_accuracy],
+            step_accuracy_topk=[round(a, 4) for a in r.step_accuracy_topk], topk=TOPK_STAT,
+            source=f"specwire eval --data {args.data} --split {r.split}", n_tokens=r.n_tokens))
+        print(f"specwire eval: wrote {path}", file=sys.stderr)
     if args.json:
         emit_json(r.to_dict())
         return 0
     print(f"draft {where.path} on {args.data} ({r.split}: {r.n_samples} samples, {r.n_tokens} tokens)")
-    print("step  accuracy  draft-vocab acc  KL")
-    for j, (a, ad, kl) in enumerate(zip(r.step_accuracy, r.step_accuracy_draft_vocab, r.step_kl)):
-        print(f"{j:>4}  {a:8.3f}  {ad:15.3f}  {kl:.3f}")
+    print("step  accuracy  top-4 acc  draft-vocab acc  KL")
+    for j, (a, a4, ad, kl) in enumerate(zip(r.step_accuracy, r.step_accuracy_topk, r.step_accuracy_draft_vocab, r.step_kl)):
+        print(f"{j:>4}  {a:8.3f}  {a4:9.3f}  {ad:15.3f}  {kl:.3f}")
     print(f"predicted chain accept length: {r.predicted_accept_length:.2f}")
     print(f"draft vocab covers {100 * r.draft_vocab_coverage:.1f}% of the target's choices")
     return 0

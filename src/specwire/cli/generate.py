@@ -41,5 +41,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     res = generate_reply(config, on_text=write).result
     write("\n")
     extra = f", accept length {res.extra['accept_length']:.2f}" if res.extra.get("accept_length") else ""
-    print(f"[{len(res.output_ids)} tokens, {res.tokens_per_s:.1f} tok/s, stop: {res.stop_reason}{extra}]", file=sys.stderr)
+    used = (res.extra.get("budget_used") or {}).get("budgets_used")
+    budget = (f", budget {res.extra['budget']}: " + ", ".join(f"{k} x{v}" for k, v in used.items())) if used else ""
+    print(f"[{len(res.output_ids)} tokens, {res.tokens_per_s:.1f} tok/s, stop: {res.stop_reason}{extra}, "
+          f"{res.extra.get('dtype')}{budget}]", file=sys.stderr)
     return 0

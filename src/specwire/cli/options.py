@@ -141,13 +141,20 @@ def add_model_options(p: argparse.ArgumentParser, *, target: bool = True, draft:
                        help="draft checkpoint folder, a `train --out` folder, or the shipped 'smollm2-135m-eagle3' "
                             "(default: %(default)s)")
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype (default: %(default)s)")
+    if linear:  # a decoding command: the kernel defaults to the fastest batch-invariant one on this machine
+        p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weights dtype; 'auto' (default) picks the fastest whose passes are bitwise invariant on "
+                            "this machine: bf16 only where the CPU computes it natively (AMX or AVX512-BF16), "
+                            "measured once and cached under $SPECWIRE_HOME/hardware")
+    else:
+        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                       help="weights dtype (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     if linear:
-        p.add_argument("--linear", default="torch", choices=["torch", "pretransposed"],
+        p.add_argument("--linear", default="auto", choices=["auto", "torch", "pretransposed"],
                        help="the target's linear layers on CPU: 'torch' keeps nn.Linear; 'pretransposed' stores W.T "
-                            "contiguously (measure which is faster on your CPU with tools/verify_cost.py; "
-                            "default: %(default)s; every method of a bench run shares the same target)")
+                            "contiguously; 'auto' (default) picks with --dtype auto's measurement "
+                            "(every method of a bench run shares the same target)")
 
 
 def add_draft_mode_option(p: argparse.ArgumentParser) -> None:

@@ -33,18 +33,20 @@ def add_cli(sub) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from specwire.server import create_app, serve
-    from specwire.target.load import load_target
+    from specwire.decode.kernels import load_decoding_target
 
     config = config_from_args(ServeConfig, args)  # validated before anything loads
     spec = None if args.no_draft else spec_from_args(args)
-    target = load_target(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
+    target = load_decoding_target(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
     draft = None
     if not args.no_draft:
         from specwire.decode.engine import load_engine_draft
 
         draft = load_engine_draft(args.draft, target)
     app = create_app(target, draft, spec=spec, config=config)
-    mode = "plain decoding" if draft is None else f"{'tree' if spec.tree else 'chain'} speculation with {args.draft}"
+    mode = "plain decoding" if draft is None else (f"{'tree' if spec.tree else 'chain'} speculation with {args.draft}, "
+                                                   f"budget {spec.budget}")
+    mode += f", {str(target.dtype).replace('torch.', '')}"
     print(f"specwire serve: {target.info.name} ({mode}) on http://{config.host}:{config.port}/v1 "
           f"(queue {config.max_queue}, request timeout {config.request_timeout:g} s)", file=sys.stderr, flush=True)
     return serve(app, config, log_level="info" if args.verbose else "warning")

@@ -43,6 +43,7 @@ Metrics in `GenerationResult.extra`:
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Callable, Protocol, runtime_checkable
 
@@ -53,24 +54,37 @@ from specwire.target.capture import capture_hooks
 from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import AttendFn, Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
+from specwire.decode.budget import (DEFAULT_ACCEPTANCE, DEFAULT_ACCEPTANCE_TOPK, AcceptanceModel, Budget, CostModel,
+                                    choose_budget)
 from specwire.decode.plain import GenerationResult, check_request
 from specwire.decode.sampling import SamplingParams, logits_to_probs, make_generator, next_token, sample_from
 from specwire.target.load import Target, tokenizer_fingerprint
-from specwire.decode.tree import DraftTree, chain_tree, root_only, select_tree
+from specwire.decode.tree import DraftTree, chain_tree, pass_mask, root_only, select_tree
 from specwire.decode.verify import VerifyResult, verify_chain_sampled, verify_greedy, verify_tree_sampled
 from specwire.wiring import validate_hs_ids
 
 
+BUDGET_MODES = ("auto", "fixed")
+
+
 @dataclass
 class SpecConfig:
-    """Speculation knobs (SGLang's names: --speculative-num-steps / -eagle-topk / -num-draft-tokens)."""
+    """Speculation knobs (SGLang's names: --speculative-num-steps / -eagle-topk / -num-draft-tokens).
 
-    num_steps: int = 5  # draft depth: draft tokens on the longest path
-    topk: int = 4  # branching per tree step (a chain always uses 1)
-    num_draft_tokens: int = 16  # tree budget: draft tokens verified per pass, kept by cumulative draft probability
+    With budget "auto" (the default) the three numbers are caps: each round runs the depth, branching and
+    token count that `decode.budget` expects to give the most tokens per second, possibly none.
+    """
+
+    num_steps: int = 5  # draft depth: draft tokens on the longest path (a cap under --budget auto)
+    topk: int = 4  # branching per tree step (a chain always uses 1; a cap under --budget auto)
+    num_draft_tokens: int = 16  # tree budget: draft tokens verified per pass, kept by cumulative draft probability (a cap under --budget auto)
     tree: bool = True  # tree (EAGLE-2 dynamic) or chain drafting
+    budget: str = "auto"  # "auto": choose the depth/branching/tokens per round by measured cost and acceptance; "fixed": use them as given
 
     def __post_init__(self):
+        if self.budget not in BUDGET_MODES:
+            raise SpecwireError(f"SpecConfig.budget: expected one of {', '.join(BUDGET_MODES)}, found {self.budget!r}.",
+                                fix="--budget auto")
         for name in ("num_steps", "topk", "num_draft_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -298,8 +312,10 @@ def tree_unsupported(target: Target, cache) -> str | None:
     """Why a tree pass cannot run on this target (then the engine drafts chains), or None."""
     from transformers.cache_utils import DynamicLayer
 
+    from specwire.target.attention import ATTENTION_NAME
+
     impl = getattr(target.model.config, "_attn_implementation", None)
-    if impl not in ("sdpa", "eager"):
+    if impl not in ("sdpa", "eager", ATTENTION_NAME):
         return f"attention implementation '{impl}' takes no custom 4D tree mask"
     if any(type(layer) is not DynamicLayer for layer in getattr(cache, "layers", [None])):
         return "the target's KV cache has non-plain layers (sliding window / recurrent); no tree compaction"
@@ -307,13 +323,9 @@ def tree_unsupported(target: Target, cache) -> str | None:
 
 
 def target_tree_mask(tree: DraftTree, past: int, target: Target) -> torch.Tensor:
-    """The 4D mask of a tree pass: every node sees the cached prefix and its ancestors.
-    shape: [1, 1, N+1, past+N+1]; bool for SDPA, additive float for eager attention."""
-    m = tree.tree_mask()
-    m = torch.cat([torch.ones(m.shape[0], past, dtype=torch.bool, device=m.device), m], dim=1)[None, None]
-    if target.model.config._attn_implementation == "eager":
-        return torch.zeros(m.shape, dtype=target.dtype, device=m.device).masked_fill(~m, torch.finfo(target.dtype).min)
-    return m
+    """The 4D mask of a tree pass (`tree.pass_mask`): bool, or additive for eager attention."""
+    eager = target.model.config._attn_implementation == "eager"
+    return pass_mask(tree, past, additive=target.dtype if eager else None)
 
 
 def keep_accepted(cache, past: int, keep: list[int]) -> None:
@@ -330,6 +342,94 @@ def keep_accepted(cache, past: int, keep: list[int]) -> None:
     remove = cache.get_seq_length() - (past + m)
     if remove > 0:
         cache.crop(-remove)
+
+
+# ---- the speculation budget per round -------------------------------------------------------------------
+
+REPLAN_EVERY = 4  # rounds between two budget choices under `auto`
+_draft_costs: "weakref.WeakKeyDictionary[Eagle3Draft, dict]" = weakref.WeakKeyDictionary()
+
+
+@torch.inference_mode()
+def draft_step_ms(draft: Eagle3Draft, widths=(1, 2, 3, 4), *, context: int = 64, reps: int = 5) -> dict[int, float]:
+    """Median ms of one draft step over w rows after `context` cached positions, for each w (memoized per draft,
+    thread count and dtype)."""
+    key = (torch.get_num_threads(), draft.fc.weight.dtype, tuple(widths))
+    memo = _draft_costs.setdefault(draft, {})
+    if key in memo:
+        return memo[key]
+    c = draft.config
+    w0 = draft.fc.weight
+    proposer = EagleProposer(draft, capacity=context + max(widths) + 8)
+    states = torch.zeros(1, context, c.num_fused * c.target_hidden_size, device=w0.device, dtype=w0.dtype)
+    ids = torch.zeros(1, context, dtype=torch.long, device=w0.device)
+    pos = torch.arange(context, device=w0.device)[None]
+    proposer._step(draft.fuse(states), ids, pos, causal_prefix_mask(context, 0, w0.device), last_only=True)
+    out = {}
+    for w in widths:
+        h = torch.zeros(1, w, c.hidden_size, device=w0.device, dtype=w0.dtype)
+        mask = None if w == 1 else torch.ones(1, 1, w, context + w, dtype=torch.bool, device=w0.device)
+        times = []
+        for r in range(reps + 1):
+            t0 = time.perf_counter()
+            logits, _ = proposer._step(h, ids[:, :w], torch.full((1, w), context - 1, device=w0.device), mask,
+                                       last_only=w == 1)
+            torch.log_softmax(logits.float(), -1).topk(min(4, logits.shape[-1]))
+            if r:
+                times.append(time.perf_counter() - t0)
+            proposer.cache.crop(context)
+        out[w] = 1000 * sorted(times)[len(times) // 2]
+    memo[key] = out
+    return out
+
+
+class AutoBudget:
+    """`auto`: the budget of each round, from the target's cost curve, the draft's step cost and acceptance.
+
+    The acceptance starts from the draft's acceptance.json (a cautious prior without one) and learns from
+    the request's own rounds; the per-round overhead is learnt from the rounds' wall time.
+    """
+
+    def __init__(self, target: Target, draft: Eagle3Draft, spec: SpecConfig, tree: bool):
+        from specwire.decode.kernels import cost_curve
+
+        acc = getattr(draft, "acceptance", None)
+        if acc is None:
+            self.acceptance = AcceptanceModel(list(DEFAULT_ACCEPTANCE), list(DEFAULT_ACCEPTANCE_TOPK))
+        else:
+            self.acceptance = AcceptanceModel(list(acc.step_accuracy), list(acc.step_accuracy_topk), acc.topk)
+        curve = cost_curve(target)
+        widths = tuple(range(1, max(1, spec.topk if tree else 1) + 1))
+        self.cost = CostModel(dict(zip(curve.tokens, curve.ms)), draft_step_ms(draft, widths))
+        self.spec, self.tree = spec, tree
+        self.current: Budget | None = None
+        self.rounds = 0
+        self.used: dict[str, int] = {}
+
+    def next(self) -> Budget:
+        if self.current is None or self.rounds % REPLAN_EVERY == 0:
+            self.current = choose_budget(self.acceptance, self.cost, max_steps=self.spec.num_steps,
+                                         max_topk=self.spec.topk, max_tokens=self.spec.num_draft_tokens,
+                                         tree=self.tree).budget
+        self.rounds += 1
+        self.used[self.current.label()] = self.used.get(self.current.label(), 0) + 1
+        return self.current
+
+    def observe(self, budget: Budget, depth: int, accepted: int, round_ms: float) -> None:
+        """One round's outcome: the tree's depth, the draft tokens accepted, and its wall time."""
+        k = min(depth, budget.num_steps)
+        self.acceptance.observe(budget, [int(accepted >= j) for j in range(k)], [int(accepted > j) for j in range(k)])
+        predicted = self.cost.round_ms(budget) - self.cost.overhead_ms
+        self.cost.overhead_ms = max(0.0, 0.8 * self.cost.overhead_ms + 0.2 * (round_ms - predicted))
+
+    def report(self) -> dict:
+        return {"budgets_used": dict(self.used), "overhead_ms": round(self.cost.overhead_ms, 3),
+                "target_ms": {t: round(v, 2) for t, v in self.cost.target_ms.items() if t in (1, 2, 4, 8, 16, 17)},
+                "draft_ms": {w: round(v, 3) for w, v in self.cost.draft_ms.items()}}
+
+
+def fixed_budget(spec: SpecConfig, tree: bool) -> Budget:
+    return Budget(spec.num_steps, spec.topk, spec.num_draft_tokens) if tree and spec.topk > 1 else Budget(spec.num_steps)
 
 
 class _Stats:
@@ -391,6 +491,9 @@ def speculative_generate(
         proposer = draft
     hs_ids = list(proposer.hs_ids)
     stats = _Stats(spec.num_steps)
+    fixed = fixed_budget(spec, use_tree)
+    auto = AutoBudget(target, draft, spec, use_tree) if spec.budget == "auto" and isinstance(draft, Eagle3Draft) else None
+    plain_steps = 0
     draft_s = verify_s = 0.0
     out: list[int] = []
     stop = "length"
@@ -425,9 +528,20 @@ def speculative_generate(
         verify_s += time.perf_counter() - tv
         while not done:
             td = time.perf_counter()
-            steps = min(spec.num_steps, max_new_tokens - len(out) - 1)
-            dtree = proposer.propose(states, tokens, past, steps=steps, spec=spec, tree=use_tree, params=params,
-                                     generator=generator)
+            budget = auto.next() if auto else fixed
+            if budget.num_steps == 0:  # auto found no speculation that pays: plain steps from here on
+                logits = model(input_ids=root.reshape(1, 1), past_key_values=cache, use_cache=True).logits[0, -1]
+                root = next_token(logits, params, generator)
+                plain_steps += 1
+                verify_s += time.perf_counter() - td
+                done = emit([int(root)])
+                continue
+            steps = min(budget.num_steps, max_new_tokens - len(out) - 1)
+            round_spec = SpecConfig(num_steps=budget.num_steps, topk=max(1, budget.topk),
+                                    num_draft_tokens=max(1, budget.num_draft_tokens or budget.num_steps),
+                                    tree=not budget.is_chain, budget="fixed")
+            dtree = proposer.propose(states, tokens, past, steps=steps, spec=round_spec, tree=not budget.is_chain,
+                                     params=params, generator=generator)
             tv = time.perf_counter()
             draft_s += tv - td
             past = cache.get_seq_length()
@@ -449,8 +563,11 @@ def speculative_generate(
             keep_accepted(cache, past, keep)
             states = fused(torch.tensor(keep, device=dev))  # shape: [m+1, n*H], positions past..past+m
             tokens = torch.tensor(res.tokens, device=dev)  # the token after each kept position
+            root = tokens[-1]
             stats.add(dtree, res)
             verify_s += time.perf_counter() - tv
+            if auto and dtree.size > 1:
+                auto.observe(budget, dtree.max_depth, res.num_accepted, 1000 * (time.perf_counter() - td))
             done = emit(res.tokens)
     seconds = time.perf_counter() - t0
     passes = stats.passes
@@ -462,10 +579,13 @@ def speculative_generate(
         "draft_s": draft_s,
         "verify_s": verify_s,
         "other_s": max(0.0, seconds - draft_s - verify_s),
-        "target_forwards": 1 + passes,
+        "target_forwards": 1 + passes + plain_steps,
         "num_verify_passes": passes,
         "tree": use_tree,
         "tree_fallback": fallback,
         "spec": spec.to_dict(),
+        "budget": spec.budget if auto else "fixed",
+        "budget_used": auto.report() if auto else {"budgets_used": {fixed.label(): passes}},
+        "plain_steps": plain_steps,
     }
-    return GenerationResult(list(prompt_ids), out, stop, seconds, 1 + passes, extra)
+    return GenerationResult(list(prompt_ids), out, stop, seconds, 1 + passes + plain_steps, extra)

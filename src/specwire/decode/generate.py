@@ -18,7 +18,8 @@ from specwire.decode.plain import GenerationResult, plain_generate
 from specwire.decode.sampling import SamplingParams, make_generator
 from specwire.decode.text import TextStream
 from specwire.errors import SpecwireError
-from specwire.target.load import BUILTIN_TARGET, Target, load_target
+from specwire.decode.kernels import load_decoding_target
+from specwire.target.load import BUILTIN_TARGET, Target
 
 
 @dataclass
@@ -34,8 +35,8 @@ class GenerateConfig:
     raw: bool = False  # do not apply the chat template
     spec: SpecConfig = field(default_factory=SpecConfig)  # speculation, with a draft
     device: str | None = None  # torch device (None: cuda when available, else cpu)
-    dtype: str = "float32"  # weights dtype
-    linear: str = "torch"  # the target's linear layers ("torch" or "pretransposed")
+    dtype: str = "auto"  # weights dtype ("auto": the fastest batch-invariant on this machine)
+    linear: str = "auto"  # the target's linear layers ("auto", "torch" or "pretransposed")
 
     def __post_init__(self):
         if not isinstance(self.prompt, str):
@@ -74,6 +75,7 @@ def decode_reply(target: Target, draft, prompt_ids: list[int], *, max_new_tokens
     rest = stream.finish()
     if rest and on_text:
         on_text(rest)
+    res.extra["dtype"] = str(target.dtype).replace("torch.", "")
     return Reply(stream.text, res)
 
 
@@ -81,7 +83,7 @@ def generate_reply(config: GenerateConfig, *, on_text: Callable[[str], None] | N
                    target: Target | None = None, draft=None) -> Reply:
     """Load the target (and the draft, when `config.draft` names one) unless given, then decode one reply."""
     if target is None:
-        target = load_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear)
+        target = load_decoding_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear)
     if draft is None and config.draft:
         draft = load_engine_draft(config.draft, target)
     prompt_ids = target.tokenizer(config.prompt)["input_ids"] if config.raw else target.encode_chat(config.prompt)

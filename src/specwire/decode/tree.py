@@ -106,6 +106,16 @@ class DraftTree:
         return self._cache["par"]
 
 
+def pass_mask(tree: DraftTree, past: int, *, additive: torch.dtype | None = None) -> torch.Tensor:
+    """The 4D mask of a verify pass over `tree` after `past` cached positions: every node sees the cached prefix
+    and its ancestors. shape: [1, 1, N+1, past+N+1]; bool (True = may attend), or additive in dtype `additive`."""
+    m = tree.tree_mask()
+    m = torch.cat([torch.ones(m.shape[0], past, dtype=torch.bool, device=m.device), m], dim=1)[None, None]
+    if additive is not None:
+        return torch.zeros(m.shape, dtype=additive, device=m.device).masked_fill(~m, torch.finfo(additive).min)
+    return m
+
+
 def root_only(root: torch.Tensor) -> DraftTree:
     """A tree with no draft tokens (a plain one-token pass). root: [] or [1] long."""
     return DraftTree(tokens=root.reshape(1), parents=[-1])

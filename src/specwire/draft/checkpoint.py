@@ -183,4 +183,7 @@ def load_draft(name_or_path: str | os.PathLike, *, device: str | torch.device = 
     draft.to(device=device)
     if dtype is not None:
         draft.to(dtype=dtype)
+    from specwire.draft.acceptance import read_acceptance
+
+    draft.acceptance = read_acceptance(path)  # measured acceptance per position (acceptance.json), or None
     return draft.eval()

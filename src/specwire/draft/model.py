@@ -239,6 +239,7 @@ class Eagle3Draft(nn.Module):
     def __init__(self, config: DraftConfig):
         super().__init__()
         self.config = config
+        self.acceptance = None  # draft.acceptance.DraftAcceptance from the draft folder (set by the engine's loader)
         c = config
         self.fc = nn.Linear(c.fc_in_features, c.hidden_size, bias=False)
         self.layers = nn.ModuleList([DraftLayer(c)])

@@ -144,6 +144,7 @@ def create_app(target, draft=None, *, spec=None, model_name: str | None = None, 
     else:
         mode = "plain"
     config = config or ServeConfig()
+    served = {"dtype": str(target.dtype).replace("torch.", ""), "budget": spec.budget if draft is not None else "none"}
     model_name = model_name or config.model_name or target.info.name
     context = target.info.max_position_embeddings
     metrics = ServerMetrics()
@@ -380,7 +381,8 @@ def create_app(target, draft=None, *, spec=None, model_name: str | None = None, 
 
     @app.get("/metrics")
     async def prometheus():
-        text = render_prometheus(metrics.snapshot(), model_name=model_name, mode=mode, queue=admission.snapshot())
+        text = render_prometheus(metrics.snapshot(), model_name=model_name, mode=mode, queue=admission.snapshot(),
+                                 info=served)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app

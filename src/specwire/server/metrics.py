@@ -74,7 +74,8 @@ def _label(v: str) -> str:
     return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render_prometheus(snap: dict, *, model_name: str, mode: str, queue: dict | None = None) -> str:
+def render_prometheus(snap: dict, *, model_name: str, mode: str, queue: dict | None = None,
+                      info: dict[str, str] | None = None) -> str:
     """Prometheus text exposition (version 0.0.4) of a `ServerMetrics.snapshot()`.
 
     queue: `Admission.snapshot()` (waiting, running, capacity, draining), rendered as gauges.
@@ -88,7 +89,8 @@ def render_prometheus(snap: dict, *, model_name: str, mode: str, queue: dict | N
             lab = "{" + ",".join(f'{k}="{_label(v)}"' for k, v in labels.items()) + "}" if labels else ""
             lines.append(f"specwire_{name}{lab} {value!r}")
 
-    metric("info", "gauge", "Served model and decoding mode.", [({"model": model_name, "mode": mode}, 1)])
+    metric("info", "gauge", "Served model, decoding mode, dtype and speculation budget.",
+           [({"model": model_name, "mode": mode, **(info or {})}, 1)])
     req = snap["requests"] or {"completions": 0, "chat_completions": 0}
     metric("requests_total", "counter", "Completed generation requests.",
            [({"endpoint": e}, n) for e, n in sorted(req.items())])

@@ -1,7 +1,8 @@
 """Pre-transposed linear layers: cheaper multi-token passes of the target on CPU.
 
-Scope: the `PretransposedLinear` module and `pretranspose_linears`, which swaps a model's `nn.Linear`
-layers for it in place. Does not own model loading (`target.load`) or timing (`tools/verify_cost.py`).
+Scope: the `PretransposedLinear` and `RowPaddedLinear` modules, and `pretranspose_linears` /
+`pad_linear_rows`, which swap a model's `nn.Linear` layers for them in place. Does not own model loading
+(`target.load`), the invariance check (`target.invariance`) or timing (`tools/verify_cost.py`).
 
 Why: `nn.Linear` computes x @ W.T with W stored [out, in]. On CPU, torch's GEMM path for a few rows
 against that transposed view can be much slower than x @ Wt with Wt stored [in, out] contiguously,
@@ -13,16 +14,137 @@ target that every method shares, so the comparison stays fair.
 
 Output is the same maths in another summation order: logits agree with `nn.Linear` to float rounding,
 not bitwise. Losslessness is always judged against greedy decoding of the same (swapped) target.
+
+Row padding: a CPU GEMM library picks its kernel by the number of rows, and works through the rows in
+blocks. A one-row product (a matrix-vector kernel), or the leftover rows after the last whole block,
+can be summed in another order than a whole block. Then a one-token decoding step and a T-token verify
+pass give a token different logits. `min_rows` pads every product to a multiple of that many rows
+(zeros, sliced off after), so every row goes through the same kernel. The multiple is a property of
+the machine, measured by `target.invariance.linear_min_rows_needed` (on our CPUs: 2 in bf16, 4 in fp32);
+the cost of the padding is part of the cost curve that chooses the defaults.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+
+
+def padded_rows(x: torch.Tensor, multiple: int, fn) -> torch.Tensor:
+    """fn(x) computed on a multiple of `multiple` rows: x [..., in] is flattened, zero-padded, the pad sliced off."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    pad = -rows % multiple
+    if pad == 0 or rows == 0:
+        return fn(x)
+    flat = x.reshape(rows, x.shape[-1])
+    y = fn(torch.cat([flat, flat.new_zeros(pad, flat.shape[-1])]))[:rows]  # shape: [rows, out]
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+class RowPadded(nn.Module):
+    """Base of the row-padded modules: they compute on a multiple of `min_rows` rows."""
+
+    min_rows = 1
+
+
+class RowPaddedLinear(RowPadded):
+    """nn.Linear's maths (same weight and bias Parameters, shared not copied) on a multiple of `min_rows` rows."""
+
+    def __init__(self, linear: nn.Linear, min_rows: int):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.min_rows = min_rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
+        return padded_rows(x, self.min_rows, lambda t: F.linear(t, self.weight, self.bias))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, min_rows={self.min_rows}"
+
+
+class RowPaddedConv1D(RowPadded):
+    """GPT-2's Conv1D (y = x @ W + b, W stored [in, out]), same Parameters, on a multiple of `min_rows` rows."""
+
+    def __init__(self, conv: nn.Module, min_rows: int):
+        super().__init__()
+        self.nf = conv.nf
+        self.weight, self.bias = conv.weight, conv.bias
+        self.min_rows = min_rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., nf]
+        return padded_rows(x, self.min_rows, lambda t: torch.addmm(self.bias, t.reshape(-1, t.shape[-1]), self.weight)
+                           .reshape(*t.shape[:-1], self.nf))
+
+
+class RowPaddedRouter(RowPadded):
+    """A mixture-of-experts router (rows in, a tuple of per-row tensors out) run on a multiple of `min_rows` rows.
+
+    Its elementwise maths (sigmoid, normalisation) runs over rows x experts values, and torch computes the
+    values that do not fill whole vector registers with its scalar code, which can round differently. So
+    the rows are also padded until rows x experts fills whole 64-value blocks (a no-op for real routers,
+    which have 64 experts or more)."""
+
+    def __init__(self, router: nn.Module, min_rows: int):
+        super().__init__()
+        self.inner = router
+        self.min_rows = min_rows
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.inner.weight
+
+    def forward(self, x: torch.Tensor):  # x: [..., H] -> outputs with one row per input row
+        flat = x.reshape(-1, x.shape[-1])
+        multiple = max(self.min_rows, -(-64 // self.inner.weight.shape[0])) if self.min_rows > 1 else 1
+        rows, pad = flat.shape[0], -flat.shape[0] % multiple
+        out = self.inner(torch.cat([flat, flat.new_zeros(pad, flat.shape[1])]) if pad else flat)
+        if not pad:
+            return out
+        return tuple(o[:rows] if torch.is_tensor(o) and o.shape[:1] == (rows + pad,) else o for o in out) \
+            if isinstance(out, tuple) else out[:rows]
+
+
+EXPERTS_NAME = "specwire_padded"
+
+
+def padded_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                           top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' eager loop over experts, with each expert's rows padded to a multiple of `self.min_rows`
+    (set by `pad_linear_rows`). Layout: gate and up concatenated, [out, in] weights, no bias."""
+    r = getattr(self, "min_rows", 1)
+    final = torch.zeros_like(hidden_states)
+    with torch.no_grad():
+        mask = F.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)  # [E+1, k, rows]
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit[:, 0].tolist():
+        if e == self.num_experts:
+            continue
+        pos, tok = torch.where(mask[e])
+        h = padded_rows(hidden_states[tok], r, lambda t: F.linear(t, self.gate_up_proj[e]))
+        h = self._apply_gate(h)
+        h = padded_rows(h, r, lambda t: F.linear(t, self.down_proj[e]))
+        final.index_add_(0, tok, (h * top_k_weights[tok, pos, None]).to(final.dtype))
+    return final
+
+
+def _pads_experts(m: nn.Module) -> bool:
+    """An experts module of transformers' ExpertsInterface in the layout `padded_experts_forward` handles."""
+    return (isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and getattr(m, "gate_up_proj").dim() == 3
+            and getattr(m, "has_gate", False) and not getattr(m, "has_bias", True)
+            and not getattr(m, "is_transposed", True) and getattr(m, "is_concatenated", False))
+
+
+def _is_router(m: nn.Module) -> bool:
+    w = getattr(m, "weight", None)
+    return type(m).__name__.endswith("Router") and isinstance(w, torch.Tensor) and w.dim() == 2
 
 
 class PretransposedLinear(nn.Module):
     """y = x @ weight_t + bias, with weight_t = W.T stored contiguously ([in, out])."""
+
+    min_rows = 1
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -36,6 +158,9 @@ class PretransposedLinear(nn.Module):
         return self.weight_t.t()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
+        return padded_rows(x, self.min_rows, self._mm)
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.matmul(x, self.weight_t)
         return y if self.bias is None else y + self.bias
 
@@ -60,3 +185,51 @@ def pretranspose_linears(model: nn.Module, *, skip: tuple[str, ...] = ()) -> int
 
 def is_pretransposed(model: nn.Module) -> bool:
     return any(isinstance(m, PretransposedLinear) for m in model.modules())
+
+
+def pad_linear_rows(model: nn.Module, min_rows: int) -> int:
+    """Make every row-wise product of `model` compute on a multiple of `min_rows` rows; returns how many were set.
+
+    nn.Linear layers become `RowPaddedLinear` and GPT-2's Conv1D `RowPaddedConv1D` (sharing their Parameters, so
+    tied weights stay tied); mixture-of-experts routers are wrapped in `RowPaddedRouter`, and experts modules run
+    `padded_experts_forward` (registered with transformers' ExpertsInterface); `PretransposedLinear` layers get
+    the attribute. min_rows=1 swaps nothing new.
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    n, experts = 0, False
+    for name, m in list(model.named_modules()):
+        if isinstance(m, (PretransposedLinear, RowPadded)):
+            m.min_rows = min_rows
+            n += 1
+            continue
+        if _pads_experts(m):
+            m.min_rows = min_rows
+            experts, n = True, n + 1
+            continue
+        if not name or min_rows <= 1 or any(name.startswith(p + ".") for p, w in _wrapped(model)):
+            continue
+        swap = (RowPaddedLinear(m, min_rows) if isinstance(m, nn.Linear) else
+                RowPaddedConv1D(m, min_rows) if isinstance(m, Conv1D) else
+                RowPaddedRouter(m, min_rows) if _is_router(m) else None)
+        if swap is not None:
+            parent_name, _, attr = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, attr, swap)
+            n += 1
+    if experts and min_rows > 1:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+        ALL_EXPERTS_FUNCTIONS.register(EXPERTS_NAME, padded_experts_forward)
+        model.set_experts_implementation(EXPERTS_NAME)
+    return n
+
+
+def _wrapped(model: nn.Module):
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, RowPaddedRouter)]
+
+
+def linear_min_rows(model: nn.Module) -> int:
+    """The row padding the model's row-wise products run with (1 = none)."""
+    return max((getattr(m, "min_rows", 1) for m in model.modules()
+                if isinstance(m, (PretransposedLinear, RowPadded)) or _pads_experts(m)), default=1)

@@ -312,6 +312,7 @@ class Target:
 
 
 LINEAR_KINDS = ("torch", "pretransposed")  # how a target's linear layers compute (see `fastlinear`)
+ATTENTION_KINDS = ("invariant", "sdpa")  # batch-invariant (`attention`, the default) or torch's sdpa
 
 
 def load_target(
@@ -320,14 +321,22 @@ def load_target(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = "float32",
     linear: str = "torch",
+    attention: str = "invariant",
+    min_rows: int | None = None,
 ) -> Target:
     """Load a target offline; refuses non-causal models and unreadable weights with a clear error.
 
     linear="pretransposed" swaps the nn.Linear layers for `fastlinear.PretransposedLinear` on CPU (cheaper
     multi-token passes; see that module). It changes no weight, so the fingerprint is the same.
+    attention="invariant" (the default) makes a T-token pass give each row bitwise the logits of a one-token
+    step (`target.attention`), and pads the linear layers' products to `min_rows` rows (None: the padding
+    measured for this machine, dtype and kernel by `invariance.linear_min_rows_needed`, cached under
+    SPECWIRE_HOME). attention="sdpa" keeps transformers' sdpa and no padding.
     """
     if linear not in LINEAR_KINDS:
         raise SpecwireError(f"linear: expected one of {', '.join(LINEAR_KINDS)}, found {linear!r}.")
+    if attention not in ATTENTION_KINDS:
+        raise SpecwireError(f"attention: expected one of {', '.join(ATTENTION_KINDS)}, found {attention!r}.")
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -352,6 +361,9 @@ def load_target(
         from specwire.target.fastlinear import pretranspose_linears
 
         pretranspose_linears(model)
+    fingerprint = target_fingerprint(model, _num_layers(config))
+    if attention == "invariant":
+        _make_invariant(model, fingerprint, device, dtype, linear, min_rows)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError):
@@ -362,6 +374,29 @@ def load_target(
         num_layers=info.num_layers,
         hidden_size=info.hidden_size,
         vocab_size=info.vocab_size,
-        fingerprint=target_fingerprint(model, info.num_layers),
+        fingerprint=fingerprint,
     )
     return Target(model=model, tokenizer=tokenizer, info=info, spec=spec, parts=model_parts(model), device=device, dtype=dtype)
+
+
+def _make_invariant(model: nn.Module, fingerprint: str, device: torch.device, dtype: torch.dtype, linear: str,
+                    min_rows: int | None) -> None:
+    """Batch-invariant attention, and the linear row padding this machine needs (measured once, cached)."""
+    from specwire.target.attention import use_invariant_attention
+    from specwire.target.fastlinear import pad_linear_rows, is_pretransposed
+    from specwire.target.hardware import CacheKey, read_cache, write_cache
+    from specwire.target.invariance import linear_min_rows_needed
+
+    use_invariant_attention(model)
+    if min_rows is None:
+        kernel = f"{str(dtype).replace('torch.', '')}/{'pretransposed' if is_pretransposed(model) else 'torch'}"
+        key = CacheKey.here(fingerprint, device.type)
+        min_rows = read_cache(key, specwire_home()).min_rows.get(kernel)
+        if min_rows is None:
+            min_rows = linear_min_rows_needed(model)
+            try:
+                write_cache(key, specwire_home(), min_rows={kernel: min_rows})
+            except OSError as e:  # a read-only home costs a re-measure next time, nothing else
+                logging.getLogger("specwire").warning("could not cache the row padding under %s (%s)", specwire_home(), e)
+    if min_rows > 1:
+        pad_linear_rows(model, min(min_rows, 16))

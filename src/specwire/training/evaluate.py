@@ -52,6 +52,7 @@ class EvalResult:
     step_accuracy: list[float]  # target-vocab top-1 accuracy per unrolled step, step 0 first (headline)
     predicted_accept_length: float  # 1 + sum_k prod_{j<k} a_j
     step_accuracy_draft_vocab: list[float]  # top-1 against the argmax of the restricted distribution
+    step_accuracy_topk: list[float]  # target argmax among the draft's ttt.TOPK_STAT best tokens, per step
     step_kl: list[float]  # mean KL(target || draft) per step, nats
     step_tokens: list[int]  # scored tokens per step
     n_tokens: int  # scored tokens at step 0
@@ -94,7 +95,8 @@ def summarize(totals: Totals, *, split: str, n_samples: int, coverage: float | N
     """An EvalResult from accumulated per-step sums (`ttt.Totals`)."""
     s = totals.summary()
     return EvalResult(step_accuracy=s["acc"], predicted_accept_length=predicted_accept_length(s["acc"]),
-                      step_accuracy_draft_vocab=s["acc_draft_vocab"], step_kl=s["kl"], step_tokens=s["count"],
+                      step_accuracy_draft_vocab=s["acc_draft_vocab"],
+                      step_accuracy_topk=s["acc_topk"], step_kl=s["kl"], step_tokens=s["count"],
                       n_tokens=s["count"][0] if s["count"] else 0, n_samples=n_samples,
                       draft_vocab_coverage=s["in_vocab"] if coverage is None else coverage, split=split)
 

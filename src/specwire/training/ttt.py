@@ -262,6 +262,8 @@ def step_counts(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
     return torch.stack([(m & (t >= 1 + j)).sum() for j in range(steps)])
 
 
+TOPK_STAT = 4  # the per-step top-k accuracy reported beside top-1 (the default tree branching)
+
 @dataclass
 class UnrollStats:
     """Sums over one batch for each unrolled step (reduce across batches/ranks by adding)."""
@@ -272,9 +274,11 @@ class UnrollStats:
     correct_draft_vocab: torch.Tensor  # [K] draft-vocab top-1 matches
     count: torch.Tensor  # [K] scored tokens
     in_vocab: torch.Tensor  # [K] scored tokens whose target argmax lies in the draft vocab
+    correct_topk: torch.Tensor  # [K] target argmax among the draft's TOPK_STAT best tokens (a tree's chance)
 
     def vector(self) -> torch.Tensor:
-        return torch.cat([self.kl.detach(), self.correct, self.correct_draft_vocab, self.count, self.in_vocab]).double()
+        return torch.cat([self.kl.detach(), self.correct, self.correct_draft_vocab, self.count, self.in_vocab,
+                          self.correct_topk]).double()
 
 
 def ttt_unroll(draft, heads: TargetHeads, batch: TTTBatch, *, steps: int,
@@ -293,7 +297,7 @@ def ttt_unroll(draft, heads: TargetHeads, batch: TTTBatch, *, steps: int,
     attend = TTTAttend()
     zero = torch.zeros((), device=dev)
     loss = zero.clone() if norm is not None else None
-    kl_s, cor_s, cord_s, cnt_s, inv_s = [], [], [], [], []
+    kl_s, cor_s, cord_s, cnt_s, inv_s, topk_s = [], [], [], [], [], []
     for j in range(steps):
         e_j = F.pad(emb[:, 1 + j:], (0, 0, 0, min(1 + j, T)))[:, :T]  # shape: [B, T, H], token x_{t+1+j}
         h = draft.step(h, attend, embeds=e_j, rope=(cos, sin))  # shape: [B, T, H]
@@ -310,9 +314,11 @@ def ttt_unroll(draft, heads: TargetHeads, batch: TTTBatch, *, steps: int,
             cord_s.append((pred == tgt.argmax_draft[:n]).sum())
             cnt_s.append(torch.tensor(n, device=dev))
             inv_s.append(in_vocab_row[:n].sum())
+            top = logits.topk(min(TOPK_STAT, logits.shape[-1]), dim=-1).indices  # shape: [n, k]
+            topk_s.append(((top + draft.d2t[top]) == tgt.argmax_target[:n, None]).any(-1).sum())
     return UnrollStats(loss=loss, kl=torch.stack(kl_s), correct=torch.stack(cor_s).double(),
                        correct_draft_vocab=torch.stack(cord_s).double(), count=torch.stack(cnt_s).double(),
-                       in_vocab=torch.stack(inv_s).double())
+                       in_vocab=torch.stack(inv_s).double(), correct_topk=torch.stack(topk_s).double())
 
 
 @dataclass
@@ -320,11 +326,11 @@ class Totals:
     """Per-step sums accumulated over batches (and ranks)."""
 
     steps: int
-    vec: torch.Tensor = None  # [5K] float64: kl, correct, correct_draft_vocab, count, in_vocab
+    vec: torch.Tensor = None  # [6K] float64: kl, correct, correct_draft_vocab, count, in_vocab, correct_topk
 
     def __post_init__(self):
         if self.vec is None:
-            self.vec = torch.zeros(5 * self.steps, dtype=torch.float64)
+            self.vec = torch.zeros(6 * self.steps, dtype=torch.float64)
 
     def add(self, stats: UnrollStats) -> None:
         self.vec = self.vec.to(stats.kl.device) + stats.vector()
@@ -333,12 +339,13 @@ class Totals:
         return self.vec[i * self.steps:(i + 1) * self.steps].tolist()
 
     def summary(self) -> dict[str, Any]:
-        kl, cor, cord, cnt, inv = (self.part(i) for i in range(5))
+        kl, cor, cord, cnt, inv, topk = (self.part(i) for i in range(6))
         div = [max(c, 1.0) for c in cnt]
         return {
             "kl": [a / c for a, c in zip(kl, div)],
             "acc": [a / c for a, c in zip(cor, div)],
             "acc_draft_vocab": [a / c for a, c in zip(cord, div)],
+            "acc_topk": [a / c for a, c in zip(topk, div)],
             "count": [int(c) for c in cnt],
             "in_vocab": inv[0] / div[0],
         }

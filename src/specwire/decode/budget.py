@@ -1,0 +1,187 @@
+"""The speculation budget chosen by measured cost: `auto`.
+
+Scope: `Budget` (draft depth, branching and tokens verified per pass; depth 0 = no speculation), the
+acceptance model (`AcceptanceModel`: the draft's acceptance per position, top-1 and top-k, with live
+corrections), the cost model (`CostModel`: target pass ms by pass size, draft step ms by width, per-round
+overhead), and `choose_budget`, which returns the budget of highest expected tokens per second within
+a SpecConfig's caps. Pure: no models, no clocks. The engine feeds it measurements (`decode.kernels`
+for the target's cost curve, the engine for draft costs and live acceptance).
+
+The model. For a chain of depth k whose draft token j is accepted with probability a_j given that
+tokens 0..j-1 were, a round yields on average
+    E(k) = 1 + a_0 + a_0 a_1 + ... + a_0 ... a_{k-1}     tokens (the bonus token included)
+and costs  C(k) = target(k + 1) + k * draft(1) + overhead  ms. A tree of depth k, branching w and n
+draft tokens gives the target's token at depth j more chances: with t_j the chance that it is among
+the draft's top-`topk` tokens (measured by `specwire eval`), top-w is interpolated between a_j (w = 1) and
+t_j (w = topk), and scaled by how much of the top-w fan the n tokens can hold along a path of depth k
+(the n - k tokens beyond one spine, spread over k depths, w - 1 per depth for a full fan):
+    b_j = a_j + (t_j - a_j) * (w - 1) / (topk - 1) * min(1, (n - k) / ((w - 1) k))
+and C = target(n + 1) + draft(1) + (k - 1) draft(w) + overhead. No speculation (k = 0) gives E = 1 at
+C = target(1). `auto` picks the budget with the largest E / C; ties go to the smaller budget.
+
+Live corrections: the engine reports, per draft position, how often it was reached and accepted under
+the budget it ran. The model keeps, per position, the posterior of a Beta-like update with
+`PRIOR_ROUNDS` pseudo-rounds at the modelled rate of the budgets that ran, and scales every budget, chain
+or tree, by posterior / modelled rate at that position (a draft that misses in a tree misses in a chain).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRIOR_ROUNDS = 16.0  # weight of the offline acceptance against live rounds
+DEFAULT_ACCEPTANCE = (0.3, 0.25, 0.2, 0.2, 0.2)  # a cautious prior for a draft with no acceptance.json
+DEFAULT_ACCEPTANCE_TOPK = (0.5, 0.45, 0.4, 0.4, 0.4)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One speculation shape. num_steps 0 = plain decoding; topk 1 = chain (num_draft_tokens = num_steps)."""
+
+    num_steps: int
+    topk: int = 1
+    num_draft_tokens: int = 0
+
+    @property
+    def is_chain(self) -> bool:
+        return self.topk == 1
+
+    @property
+    def pass_tokens(self) -> int:
+        """Tokens in the verify pass: the root plus the draft tokens."""
+        return 1 + (self.num_steps if self.is_chain else self.num_draft_tokens)
+
+    def label(self) -> str:
+        if self.num_steps == 0:
+            return "none"
+        if self.is_chain:
+            return f"chain {self.num_steps}"
+        return f"tree {self.num_steps}x{self.topk}, {self.num_draft_tokens} tokens"
+
+
+@dataclass
+class CostModel:
+    """What a round costs, in ms."""
+
+    target_ms: dict[int, float]  # pass size T -> ms of one target pass over T tokens
+    draft_ms: dict[int, float]  # width w -> ms of one draft step over w rows
+    overhead_ms: float = 0.0  # per speculative round, outside target and draft (bookkeeping)
+
+    def target(self, T: int) -> float:
+        known = sorted(self.target_ms)
+        for t in known:
+            if t >= T:
+                return self.target_ms[t]
+        return self.target_ms[known[-1]] * T / known[-1]  # past the curve: assume linear growth
+
+    def draft(self, w: int) -> float:
+        known = sorted(self.draft_ms)
+        for t in known:
+            if t >= w:
+                return self.draft_ms[t]
+        return self.draft_ms[known[-1]] * w / known[-1]
+
+    def round_ms(self, b: Budget) -> float:
+        if b.num_steps == 0:
+            return self.target(1)
+        if b.is_chain:
+            return self.target(b.pass_tokens) + b.num_steps * self.draft(1) + self.overhead_ms
+        return self.target(b.pass_tokens) + self.draft(1) + (b.num_steps - 1) * self.draft(b.topk) + self.overhead_ms
+
+
+@dataclass
+class AcceptanceModel:
+    """Acceptance per draft position: offline (from eval) with live corrections per family."""
+
+    top1: list[float]  # a_j
+    topk: list[float]  # t_j, the target's token among the draft's `k` best
+    k: int = 4
+    live: list[list[float]] = field(default_factory=list)  # per position j: [modelled rate summed, reached, accepted]
+
+    def __post_init__(self):
+        if len(self.top1) != len(self.topk) or not self.top1:
+            raise ValueError("AcceptanceModel: top1 and topk need the same, non-zero number of positions")
+
+    @property
+    def depth(self) -> int:
+        return len(self.top1)
+
+    def modelled(self, b: Budget) -> list[float]:
+        """Per-position acceptance of budget b from the offline figures alone."""
+        if b.is_chain:
+            return list(self.top1[:b.num_steps])
+        w = min(b.topk, self.k)
+        fan = (w - 1) / (self.k - 1) if self.k > 1 else 1.0
+        cover = min(1.0, (b.num_draft_tokens - b.num_steps) / ((b.topk - 1) * b.num_steps))
+        return [a + (t - a) * fan * max(0.0, cover) for a, t in zip(self.top1[:b.num_steps], self.topk[:b.num_steps])]
+
+    def rates(self, b: Budget) -> list[float]:
+        """Per-position acceptance of budget b: modelled, scaled by what live rounds of its family showed."""
+        rates = self.modelled(b)
+        if self.live:
+            for j, r in enumerate(rates):
+                modelled_sum, reached, accepted = self.live[j]
+                if reached and modelled_sum > 0:
+                    prior = modelled_sum / reached
+                    posterior = (prior * PRIOR_ROUNDS + accepted) / (PRIOR_ROUNDS + reached)
+                    rates[j] = min(1.0, r * posterior / prior)
+        return rates
+
+    def observe(self, b: Budget, reached: list[int], accepted: list[int]) -> None:
+        """Live counts of one or more rounds run with budget b: per position, rounds reaching it, accepting."""
+        if not self.live:
+            self.live = [[0.0, 0, 0] for _ in range(self.depth)]
+        modelled = self.modelled(b)
+        for j in range(min(len(reached), len(modelled))):
+            self.live[j][0] += modelled[j] * reached[j]
+            self.live[j][1] += reached[j]
+            self.live[j][2] += accepted[j]
+
+
+def expected_tokens(rates: list[float]) -> float:
+    """1 + a_0 + a_0 a_1 + ...: tokens a round yields on average, bonus included."""
+    total, run = 1.0, 1.0
+    for a in rates:
+        run *= a
+        total += run
+    return total
+
+
+@dataclass(frozen=True)
+class Choice:
+    budget: Budget
+    tokens_per_round: float
+    ms_per_round: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1000.0 * self.tokens_per_round / self.ms_per_round if self.ms_per_round > 0 else 0.0
+
+
+def candidates(max_steps: int, max_topk: int, max_tokens: int, *, tree: bool, depth: int) -> list[Budget]:
+    """Every budget within the caps: none, chains of depth 1..max_steps, trees of depth 2..max_steps, branching
+    2..max_topk and max(depth, ...) .. max_tokens tokens. Depth is also capped by the acceptance profile's length."""
+    k_max = min(max_steps, depth)
+    out = [Budget(0)] + [Budget(k) for k in range(1, k_max + 1)]
+    if tree:
+        for k in range(2, k_max + 1):
+            for w in range(2, max_topk + 1):
+                for n in range(k + 1, max_tokens + 1):
+                    out.append(Budget(k, w, n))
+    return out
+
+
+def evaluate(b: Budget, acceptance: AcceptanceModel, cost: CostModel) -> Choice:
+    rates = acceptance.rates(b) if b.num_steps else []
+    return Choice(b, expected_tokens(rates), cost.round_ms(b))
+
+
+def choose_budget(acceptance: AcceptanceModel, cost: CostModel, *, max_steps: int, max_topk: int, max_tokens: int,
+                  tree: bool) -> Choice:
+    """The budget of highest expected tokens per second (ties: the first, i.e. the smaller, in `candidates` order)."""
+    best: Choice | None = None
+    for b in candidates(max_steps, max_topk, max_tokens, tree=tree, depth=acceptance.depth):
+        c = evaluate(b, acceptance, cost)
+        if best is None or c.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
+            best = c
+    return best

@@ -1,0 +1,181 @@
+"""Hardware-aware defaults: which dtype and linear kernel a decoding target runs, and its cost curve.
+
+Scope: the candidate kernels for this machine (`candidate_kernels`: fp32 always; bf16 only where the CPU
+has native bf16 arithmetic, AMX or AVX512-BF16, or on CUDA), profiling a candidate (its linear row
+padding, a bitwise check of chain and tree passes against single steps, and its pass-cost curve),
+`default_kernel` (the fastest candidate that passed the check, measured once per machine and cached by
+`target.hardware`), `resolve_kernel` for `--dtype auto` / `--linear auto`, and `cost_curve` for a loaded
+target (cached, or measured on it). Does not load drafts or choose a speculation budget (`budget`).
+
+How "fastest" is judged: by the tokens per second that `auto` speculation would expect on that kernel's
+curve, with the draft's offline acceptance (the shipped draft's when no other is given) and a draft step
+costing `DRAFT_STEP_FRACTION` of a one-token target pass. The choice only ranks kernels; the budget a
+request runs with is chosen later, from the real draft's measured step cost.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from specwire.decode.budget import AcceptanceModel, CostModel, choose_budget, DEFAULT_ACCEPTANCE, DEFAULT_ACCEPTANCE_TOPK
+from specwire.target.hardware import (CacheKey, CostCurve, KernelChoice, PASS_TOKENS, cpu_features, measure_curve,
+                                      native_bf16, read_cache, write_cache)
+from specwire.target.load import Target, load_target, specwire_home
+
+log = logging.getLogger("specwire")
+DRAFT_STEP_FRACTION = 0.05  # a draft step's cost relative to a one-token target pass, for ranking kernels only
+INVARIANCE_SIZES = (2, 17)  # pass sizes of the profile's bitwise check (chain and tree)
+
+
+def kernel_of(target: Target) -> KernelChoice:
+    """The kernel a loaded target runs."""
+    from specwire.target.fastlinear import is_pretransposed
+
+    return KernelChoice(str(target.dtype).replace("torch.", ""), "pretransposed" if is_pretransposed(target.model) else "torch")
+
+
+def candidate_kernels(device: str = "cpu", features: dict[str, bool] | None = None) -> list[KernelChoice]:
+    """fp32 always; bf16 where the hardware computes it natively."""
+    if device.startswith("cuda"):
+        return [KernelChoice("bfloat16"), KernelChoice("float32")]
+    out = [KernelChoice("float32"), KernelChoice("float32", "pretransposed")]
+    if native_bf16(features):
+        out += [KernelChoice("bfloat16"), KernelChoice("bfloat16", "pretransposed")]
+    return out
+
+
+def _check(target: Target) -> bool:
+    from specwire.decode.invariance import pass_invariance
+
+    prompt = target.encode_chat("Name three rivers and say where each one reaches the sea.")
+    return pass_invariance(target, [prompt], sizes=INVARIANCE_SIZES).ok
+
+
+def profile_kernel(name_or_path: str, kernel: KernelChoice, *, device: str = "cpu", reps: int = 5,
+                   tokens=PASS_TOKENS) -> CostCurve:
+    """Load the target with `kernel`, check its passes bitwise, measure its curve, and cache the result."""
+    target = load_target(name_or_path, device=device, dtype=kernel.dtype, linear=kernel.linear)
+    return curve_for_loaded(target, reps=reps, tokens=tokens, check=True)
+
+
+def curve_for_loaded(target: Target, *, reps: int = 5, tokens=PASS_TOKENS, check: bool = False) -> CostCurve:
+    """Measure (and cache) the cost curve of a loaded target; `check` also runs the bitwise pass check."""
+    from specwire.target.fastlinear import linear_min_rows
+
+    kernel = kernel_of(target)
+    log.info("measuring the pass cost of %s with %s on this machine (once; cached under %s)",
+             target.info.name, kernel.name, specwire_home() / "hardware")
+    curve = measure_curve(target, kernel, min_rows=linear_min_rows(target.model), tokens=tokens, reps=reps)
+    if check:
+        curve.invariant = _check(target)
+    key = CacheKey.here(target.spec.fingerprint, target.device.type)
+    try:
+        write_cache(key, specwire_home(), curves={kernel.name: curve})
+    except OSError as e:
+        log.warning("could not cache the cost curve under %s (%s)", specwire_home(), e)
+    return curve
+
+
+_curves: "weakref.WeakKeyDictionary[torch.nn.Module, CostCurve]" = weakref.WeakKeyDictionary()
+
+
+def cost_curve(target: Target) -> CostCurve:
+    """The pass-cost curve of the kernel `target` runs: from the cache when measured under exactly this
+    machine's key, else measured now on `target` itself (a few seconds) and cached."""
+    if target.model in _curves:
+        return _curves[target.model]
+    key = CacheKey.here(target.spec.fingerprint, target.device.type)
+    curve = read_cache(key, specwire_home()).curves.get(kernel_of(target).name)
+    if curve is None:
+        curve = curve_for_loaded(target)
+    _curves[target.model] = curve
+    return curve
+
+
+def reference_acceptance() -> AcceptanceModel:
+    """The shipped draft's offline acceptance (a cautious prior when it has none)."""
+    from specwire.draft.acceptance import read_acceptance
+    from specwire.draft.checkpoint import shipped_draft_dir
+
+    acc = read_acceptance(shipped_draft_dir())
+    if acc is None:
+        return AcceptanceModel(list(DEFAULT_ACCEPTANCE), list(DEFAULT_ACCEPTANCE_TOPK))
+    return AcceptanceModel(acc.step_accuracy, acc.step_accuracy_topk, acc.topk)
+
+
+@dataclass
+class KernelRanking:
+    kernel: KernelChoice
+    curve: CostCurve
+    expected_tokens_per_s: float  # under `auto`, with the reference acceptance
+    budget: str  # the budget that rate assumes
+
+
+def rank_kernels(curves: dict[str, CostCurve], acceptance: AcceptanceModel) -> list[KernelRanking]:
+    """Invariant candidates, fastest first (by expected tokens/s under auto with `acceptance`)."""
+    out = []
+    for name, curve in curves.items():
+        if curve.invariant is False:
+            continue
+        one = curve.at(1)
+        cost = CostModel(dict(zip(curve.tokens, curve.ms)), {w: DRAFT_STEP_FRACTION * one for w in (1, 2, 3, 4)})
+        best = choose_budget(acceptance, cost, max_steps=acceptance.depth, max_topk=4, max_tokens=16, tree=True)
+        out.append(KernelRanking(KernelChoice.parse(name), curve, best.tokens_per_s, best.budget.label()))
+    return sorted(out, key=lambda r: -r.expected_tokens_per_s)
+
+
+def default_kernel(name_or_path: str, *, device: str = "cpu", progress: bool = True) -> tuple[KernelChoice, list[KernelRanking]]:
+    """The fastest batch-invariant kernel for this target on this machine (profiling missing candidates once)."""
+    from specwire.target.load import target_info
+
+    fingerprint = _fingerprint(name_or_path)
+    key = CacheKey.here(fingerprint, device)
+    cached = read_cache(key, specwire_home()).curves
+    curves = {}
+    for kernel in candidate_kernels(device):
+        curve = cached.get(kernel.name)
+        if curve is None or curve.invariant is None:
+            note = (f"profiling {target_info(name_or_path).name} with {kernel.name} on this machine: bitwise check and "
+                    f"pass costs (once; cached under {specwire_home() / 'hardware'})")
+            if progress and sys.stderr.isatty():
+                print(f"specwire: {note}", file=sys.stderr, flush=True)
+            log.info(note)
+            curve = profile_kernel(name_or_path, kernel, device=device)
+        curves[kernel.name] = curve
+    ranking = rank_kernels(curves, reference_acceptance())
+    if not ranking:
+        return KernelChoice("float32"), ranking
+    return ranking[0].kernel, ranking
+
+
+def _fingerprint(name_or_path: str) -> str:
+    """The target fingerprint without keeping the model (one quick fp32 load of the embedding-bearing model)."""
+    t = load_target(name_or_path, device="cpu", dtype="float32", attention="sdpa")
+    return t.spec.fingerprint
+
+
+def resolve_kernel(name_or_path: str, dtype: str, linear: str, *, device: str | None = None) -> KernelChoice:
+    """`--dtype auto` / `--linear auto` -> the default kernel's; explicit values are kept."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dtype != "auto" and linear != "auto":
+        return KernelChoice(dtype, linear)
+    best, _ = default_kernel(name_or_path, device=device)
+    return KernelChoice(best.dtype if dtype == "auto" else dtype, best.linear if linear == "auto" else linear)
+
+
+def load_decoding_target(name_or_path: str, *, device: str | None = None, dtype: str = "auto",
+                         linear: str = "auto") -> Target:
+    """Load a target for decoding: `auto` dtype/linear resolved to this machine's fastest invariant kernel."""
+    k = resolve_kernel(name_or_path, dtype, linear, device=device)
+    return load_target(name_or_path, device=device, dtype=k.dtype, linear=k.linear)
+
+
+def describe_features() -> str:
+    """'amx_bf16, avx512_bf16' style list of the CPU features that decide kernel speed ('none' if none)."""
+    on = [f for f, v in cpu_features().items() if v and f in ("amx_bf16", "avx512_bf16", "avx2")]
+    return ", ".join(on) or "none"

@@ -1,0 +1,178 @@
+"""Batch-invariant attention: a pass over T new tokens gives, row by row, bitwise what T single steps give.
+
+Scope: the `invariant` attention function and its mask function, registered with transformers'
+`AttentionInterface` / `AttentionMaskInterface` under the name `ATTENTION_NAME`; `use_invariant_attention`
+switches a loaded model to it. Does not own the linear layers (`fastlinear`: they have their own
+row-invariance rule) nor the check that a whole model is invariant (`invariance`).
+
+Why: speculative decoding is lossless only if the target's logits for a drafted token are exactly those
+that plain decoding would compute for it. The maths is the same; the arithmetic is not. A verify pass
+scores T query rows against the cache at once, and a tree pass hides each node's non-ancestors with a
+mask, so a row's reduction over the keys runs in another grouping than a one-row step would use, and
+its result moves by an ulp. In bf16 that is enough to flip a near-tie between two tokens.
+
+The rule this function keeps: a row's result depends only on its own query and the sequence of keys it
+may see, taken in order (its *ranks*: the cached prefix, then its ancestors, root first), never on how
+many rows share the pass, where its keys sit in the pass, or how many masked keys lie between them.
+How, in fp32 whatever the model's dtype:
+  - scores: one GEMM Q @ K^T with at least `MIN_GEMM_ROWS` rows and the keys padded to whole
+    `CHUNK`-key blocks. Each score is then the same chain of fused multiply-adds over the head dimension,
+    whatever its row or column.
+  - softmax numerator: the row maximum over its visible keys (exact in any order), exp(s - max).
+  - the reduction over keys, numerator and denominator together: the values get a column of ones
+    appended, and the keys are cut into chunks of `CHUNK` *ranks*. Each chunk is one GEMM whose inner
+    dimension is short enough to run as one sequential chain (masked keys inside it are exact zeros,
+    and adding zero changes nothing), and the chunk results are accumulated in rank order by a
+    sequential scan. A row whose last chunks are empty adds exact zeros.
+  - chunks that lie wholly in the cached prefix are shared by every row (one batched GEMM); the chunks
+    that hold this pass's keys are taken per rank by masking, so a tree node's ancestors fall in the same
+    chunk as in the single-step decoding of the accepted path.
+Passes outside this contract (a batch of several sequences, a padded or windowed prefix, more than
+`MAX_INVARIANT_QUERIES` new tokens, soft-capping or sinks) run through sdpa: prefills and batched
+generation are shared by plain and speculative decoding alike, so they need no invariance.
+
+The GEMM facts above (rows of at least `MIN_GEMM_ROWS`, inner chains up to 192 long) were measured on
+the CPU BLAS that torch ships; `specwire.target.invariance` checks them on the model and machine at hand,
+and the engine reports a pass that fails the check instead of claiming losslessness.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+ATTENTION_NAME = "specwire_invariant"
+CHUNK = 64  # keys per reduction chunk (ranks), and the padding unit of the score GEMM's columns
+MIN_GEMM_ROWS = 16  # every score/value GEMM gets at least this many rows (small-M kernels sum differently)
+MAX_INVARIANT_QUERIES = 64  # larger passes (prefills) take the sdpa path; keeps each tail chain <= 127 long
+
+
+def _sdpa(module, query, key, value, attention_mask, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+class _PassPlan:
+    """Per-pass index work shared by every layer: visibility, per-rank chunk masks. Built once per mask."""
+
+    def __init__(self, mask: torch.Tensor | None, q_len: int, k_len: int, rows: int, device):
+        self.mask = mask  # kept so the cache below can compare identity safely
+        self.q_len, self.k_len, self.rows = q_len, k_len, rows
+        past = k_len - q_len
+        self.base = (past // CHUNK) * CHUNK  # first key of the chunk that holds the cache's end
+        if mask is None:
+            tail = torch.ones(q_len, q_len, dtype=torch.bool, device=device).tril()
+        else:
+            tail = mask[0, 0, :, past:]  # shape: [Tq, Tq], which of this pass's keys each row sees
+        tail = torch.cat([tail, tail.new_ones(rows - q_len, q_len)], dim=0)  # padding rows see everything
+        region = torch.cat([tail.new_ones(rows, past - self.base), tail], dim=1)  # shape: [R, Tk - base]
+        self.visible = torch.cat([region.new_ones(rows, self.base), region], dim=1)  # shape: [R, Tk]
+        rank = region.long().cumsum(-1) - 1  # rank of each visible key within the region
+        chunk = torch.where(region, rank // CHUNK, -1)
+        n_tail = int(chunk.max()) + 1
+        self.tail_keep = [(chunk == j).float() for j in range(n_tail)]  # each shape: [R, Tk - base]
+        self._by_group: dict[int, tuple] = {}
+
+    def for_group(self, g: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The hidden-key mask [g*R, Tk] and the tail chunk masks [g*R, Tk - base], repeated per head in a group."""
+        if g not in self._by_group:
+            self._by_group[g] = (~self.visible.repeat(g, 1), [k.repeat(g, 1) for k in self.tail_keep])
+        return self._by_group[g]
+
+
+_plan_cache: list[_PassPlan] = []
+
+
+def _plan(mask, q_len, k_len, rows, device) -> _PassPlan:
+    if _plan_cache:
+        p = _plan_cache[0]
+        if p.mask is mask and (p.q_len, p.k_len, p.rows) == (q_len, k_len, rows) and (
+                mask is not None or p.visible.device == torch.device(device)):
+            return p
+    p = _PassPlan(mask, q_len, k_len, rows, device)
+    _plan_cache[:] = [p]
+    return p
+
+
+def _prefix_hidden(mask: torch.Tensor | None, past: int) -> bool:
+    return mask is not None and past > 0 and not bool(mask[0, 0, :, :past].all())
+
+
+def invariant_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """query [1, H, Tq, dk], key [1, Hkv, Tk, dk], value [1, Hkv, Tk, dv] -> ([1, Tq, H, dv], None).
+
+    attention_mask: bool [1, 1, Tq, Tk] (True = may attend) or None (causal).
+    """
+    B, H, Tq, dk = query.shape
+    Hkv, Tk, dv = key.shape[1], key.shape[2], value.shape[-1]
+    past = Tk - Tq
+    special = any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks"))
+    if (B != 1 or Tq > MAX_INVARIANT_QUERIES or special or (dropout and module.training)
+            or (attention_mask is not None and attention_mask.dtype != torch.bool)
+            or _prefix_hidden(attention_mask, past)):
+        return _sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    g = H // Hkv
+    rows = max(Tq, -(-MIN_GEMM_ROWS // g))  # query rows, padded so each GEMM has >= MIN_GEMM_ROWS rows
+    M = g * rows
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(dk)
+    plan = _plan(attention_mask, Tq, Tk, rows, query.device)
+
+    q = query[0].float().reshape(Hkv, g, Tq, dk) * scale
+    if rows > Tq:
+        q = torch.cat([q, q.new_zeros(Hkv, g, rows - Tq, dk)], dim=2)
+    q = q.reshape(Hkv, M, dk)  # row index = head-in-group * rows + query
+    k = key[0].float()
+    k_cols = -(-Tk // CHUNK) * CHUNK
+    if k_cols > Tk:
+        k = torch.cat([k, k.new_zeros(Hkv, k_cols - Tk, dk)], dim=1)
+    scores = torch.matmul(q, k.transpose(1, 2))[:, :, :Tk]  # shape: [Hkv, M, Tk]
+    hidden, tail_keep = plan.for_group(g)
+    scores = scores.masked_fill_(hidden, float("-inf"))
+    e = torch.exp(scores - scores.amax(-1, keepdim=True))  # shape: [Hkv, M, Tk]
+    v = torch.empty(Hkv, Tk, dv + 1, dtype=torch.float32, device=value.device)  # values, then a column of ones
+    v[..., :dv] = value[0]
+    v[..., dv] = 1.0
+
+    parts = []
+    nb = plan.base // CHUNK
+    if nb:  # chunks wholly inside the cached prefix: the same keys at the same ranks for every row
+        e_pre = e[:, :, :plan.base].reshape(Hkv, M, nb, CHUNK).transpose(1, 2)  # shape: [Hkv, nb, M, C]
+        parts.append(torch.matmul(e_pre, v[:, :plan.base].reshape(Hkv, nb, CHUNK, dv + 1)))
+    e_tail, v_tail = e[:, :, plan.base:], v[:, plan.base:]  # shape: [Hkv, M, Tk-base], [Hkv, Tk-base, dv+1]
+    for keep in tail_keep:  # per-rank chunks of the region that holds this pass's keys
+        parts.append(torch.matmul(e_tail * keep, v_tail)[:, None])
+    acc = torch.cat(parts, dim=1).cumsum(dim=1)[:, -1]  # shape: [Hkv, M, dv+1], summed in rank order
+    out = acc[..., :dv] / acc[..., dv:]
+    out = out.reshape(Hkv, g, rows, dv)[:, :, :Tq].reshape(1, H, Tq, dv)
+    return out.transpose(1, 2).to(query.dtype).contiguous(), None
+
+
+def invariant_mask(*args, **kwargs):
+    """transformers' sdpa mask, but always materialised (the attention reads the tree/causal structure)."""
+    from transformers.masking_utils import sdpa_mask
+
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+_registered = False
+
+
+def register() -> str:
+    """Register the function with transformers (idempotent); returns its attention-implementation name."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+        AttentionInterface.register(ATTENTION_NAME, invariant_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, invariant_mask)
+        _registered = True
+    return ATTENTION_NAME
+
+
+def use_invariant_attention(model) -> None:
+    """Switch a loaded HF model to the invariant attention."""
+    model.set_attn_implementation(register())

@@ -1,0 +1,219 @@
+"""This machine as a place to decode: CPU features, the measured cost of a target pass, and its cache.
+
+Scope: `cpu_features`, `KernelChoice` (a dtype and a way of computing the linear layers), `CostCurve`
+(milliseconds of one target pass over T new tokens, for T = 1..17, and the row padding that makes that
+kernel batch-invariant), `measure_pass_ms` / `measure_curve` on a loaded target, and the cache of
+curves under $SPECWIRE_HOME/hardware. Does not decide anything: `decode.kernels` picks the default
+kernel from these curves and `decode.budget` the speculation budget.
+
+Why a cache, and why keyed so strictly: a cost curve is only true for the CPU model and its features,
+the thread count, the torch version, the device and the target it was measured on. The cache file name
+hashes all of them, and the file repeats them; a file whose recorded key differs from this process's
+(copied from another machine, edited, or written by another torch) is ignored and measured again,
+never trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from specwire.safeio import write_json
+from specwire.wiring import short_hash
+
+CACHE_FORMAT = 1
+PASS_TOKENS = tuple(range(1, 18))  # pass sizes measured: a root plus up to 16 draft tokens
+log = logging.getLogger("specwire")
+
+_FEATURE_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2", "fma")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo; platform's guess elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_features() -> dict[str, bool]:
+    """Which of the instruction-set features that decide kernel speed this CPU has (amx_bf16, avx512_bf16...)."""
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    return {f: f in flags for f in _FEATURE_FLAGS}
+
+
+def native_bf16(features: dict[str, bool] | None = None) -> bool:
+    """Does this CPU do bf16 arithmetic in hardware (AMX or AVX512-BF16)?"""
+    f = cpu_features() if features is None else features
+    return bool(f.get("amx_bf16") or f.get("avx512_bf16"))
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """How the target computes: its weights' dtype and its linear layers (`target.load.LINEAR_KINDS`)."""
+
+    dtype: str  # "float32" | "bfloat16"
+    linear: str = "torch"  # "torch" | "pretransposed"
+
+    @property
+    def name(self) -> str:
+        return f"{self.dtype}/{self.linear}"
+
+    @classmethod
+    def parse(cls, name: str) -> "KernelChoice":
+        dtype, _, linear = name.partition("/")
+        return cls(dtype, linear or "torch")
+
+
+@dataclass
+class CostCurve:
+    """Measured cost of one target pass over T new tokens with `kernel` (attention: batch-invariant)."""
+
+    kernel: str  # KernelChoice.name
+    tokens: list[int]  # T values
+    ms: list[float]  # median ms of one pass over T tokens, same order
+    min_rows: int  # row padding of the linear layers that made every row invariant (17+ = none found)
+    invariant: bool | None = None  # did chain and tree passes match single steps bitwise (None: not checked)
+    context: int = 256  # tokens already in the cache while measuring
+    measured_at: str = ""  # ISO time
+
+    def at(self, T: int) -> float:
+        """ms of a pass over T tokens (the nearest measured T at or above, else the largest)."""
+        for t, v in zip(self.tokens, self.ms):
+            if t >= T:
+                return v
+        return self.ms[-1]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostCurve":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+@dataclass
+class CacheKey:
+    """Everything a cost curve depends on."""
+
+    cpu: str
+    features: dict[str, bool]
+    threads: int
+    torch: str
+    device: str
+    target: str  # target fingerprint
+    format: int = CACHE_FORMAT
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def here(cls, target_fingerprint: str, device: str = "cpu") -> "CacheKey":
+        return cls(cpu=cpu_model(), features=cpu_features(), threads=torch.get_num_threads(),
+                   torch=torch.__version__, device=str(device), target=target_fingerprint)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def path(self, home: Path) -> Path:
+        return home / "hardware" / f"{self.target}-{short_hash(json.dumps(self.to_dict(), sort_keys=True))}.json"
+
+
+@dataclass
+class HardwareCache:
+    """What is cached for one key: cost curves, and the linear row padding, per kernel name."""
+
+    curves: dict[str, CostCurve] = field(default_factory=dict)
+    min_rows: dict[str, int] = field(default_factory=dict)
+
+
+def read_cache(key: CacheKey, home: Path) -> HardwareCache:
+    """What is cached for exactly `key` (empty when nothing is, or when the file is foreign or unreadable)."""
+    path = key.path(home)
+    if not path.is_file():
+        return HardwareCache()
+    try:
+        data = json.loads(path.read_text())
+        if data.get("key") != key.to_dict():
+            log.warning("ignoring cost cache %s: it was measured under another key (%s); measuring again",
+                        path, _diff(data.get("key"), key.to_dict()))
+            return HardwareCache()
+        return HardwareCache(curves={n: CostCurve.from_dict(c) for n, c in data.get("curves", {}).items()},
+                             min_rows={n: int(r) for n, r in data.get("min_rows", {}).items()})
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        log.warning("ignoring unreadable cost cache %s (%s)", path, e)
+        return HardwareCache()
+
+
+def write_cache(key: CacheKey, home: Path, *, curves: dict[str, CostCurve] | None = None,
+                min_rows: dict[str, int] | None = None) -> Path:
+    """Merge curves and row paddings into the cache file of `key` (atomically)."""
+    old = read_cache(key, home)
+    data = {"key": key.to_dict(),
+            "curves": {n: c.to_dict() for n, c in (old.curves | (curves or {})).items()},
+            "min_rows": old.min_rows | (min_rows or {})}
+    path = key.path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, data)
+    return path
+
+
+def _diff(found, expected: dict) -> str:
+    if not isinstance(found, dict):
+        return "no key recorded"
+    names = sorted(k for k in expected if found.get(k) != expected[k])
+    return ", ".join(f"{k}: {found.get(k)!r}" for k in names) or "same"
+
+
+# ---- measuring ----------------------------------------------------------------------------------------
+
+@torch.inference_mode()
+def measure_pass_ms(model, T: int, *, context: int = 256, reps: int = 5, vocab: int | None = None) -> float:
+    """Median wall time (ms) of one forward over T new tokens after `context` cached ones (cache cropped back
+    after every pass, two warm-up passes first)."""
+    from transformers import DynamicCache
+
+    dev = next(model.parameters()).device
+    vocab = vocab or model.config.get_text_config().vocab_size
+    g = torch.Generator().manual_seed(T)
+    ctx = torch.randint(0, vocab, (1, context), generator=g).to(dev)
+    x = torch.randint(0, vocab, (1, T), generator=g).to(dev)
+    cache = DynamicCache(config=model.config)
+    model(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    times = []
+    for r in range(reps + 2):
+        t0 = time.perf_counter()
+        model(x, past_key_values=cache, use_cache=True, logits_to_keep=T)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        if r >= 2:
+            times.append(time.perf_counter() - t0)
+        cache.crop(context)
+    return 1000 * statistics.median(times)
+
+
+def measure_curve(target, kernel: KernelChoice, *, min_rows: int, tokens=PASS_TOKENS, context: int = 256,
+                  reps: int = 5, progress=None) -> CostCurve:
+    """The cost curve of an already loaded `target` (which runs `kernel`)."""
+    ms = []
+    for T in tokens:
+        ms.append(round(measure_pass_ms(target.model, T, context=context, reps=reps, vocab=target.info.vocab_size), 3))
+        if progress:
+            progress(T)
+    return CostCurve(kernel=kernel.name, tokens=list(tokens), ms=ms, min_rows=min_rows, context=context,
+                     measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))

@@ -1,0 +1,76 @@
+"""`--budget auto` in the engine: lossless, within its caps, reported, and fed by acceptance.json.
+
+Tiny targets with random drafts (whose live acceptance is near zero) and an acceptance.json that
+claims a good draft: auto starts by speculating, learns from the rounds, and the output stays plain
+greedy decoding's. Slow: the built-in target with the shipped draft in bf16, where auto's output must
+equal plain decoding's bit for bit on real prompts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import make_draft_dir, prompt_of
+from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
+from specwire.decode.plain import plain_generate
+from specwire.draft.acceptance import DraftAcceptance, read_acceptance, write_acceptance
+from specwire.errors import SpecwireError
+from specwire.target.load import load_target
+
+CLAIMED = DraftAcceptance(step_accuracy=[0.9] * 5, step_accuracy_topk=[0.97] * 5, topk=4, source="test")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_auto_is_lossless_reports_its_budgets_and_learns(tiny_target, tmp_path, dtype):
+    target = load_target(tiny_target("llama"), device="cpu", dtype=dtype)
+    folder = make_draft_dir(target, tmp_path / "draft")
+    write_acceptance(folder, CLAIMED)
+    draft = load_engine_draft(folder, target)
+    assert draft.acceptance == CLAIMED
+    for n in (5, 40):
+        prompt = prompt_of(n, seed=n)
+        ref = plain_generate(target, prompt, max_new_tokens=48, stop_on_eos=False)
+        res = speculative_generate(target, draft, prompt, max_new_tokens=48, spec=SpecConfig(), stop_on_eos=False)
+        assert res.output_ids == ref.output_ids
+        used = res.extra["budget_used"]["budgets_used"]
+        assert res.extra["budget"] == "auto" and sum(used.values()) >= 1
+        assert any(label != "none" for label in used), used  # the claimed acceptance makes it speculate first
+        assert res.extra["budget_used"]["draft_ms"][1] > 0 and res.extra["budget_used"]["target_ms"][1] > 0
+
+
+def test_auto_stays_within_its_caps(tiny_target, tmp_path):
+    target = load_target(tiny_target("llama"), device="cpu")
+    folder = make_draft_dir(target, tmp_path / "draft")
+    write_acceptance(folder, CLAIMED)
+    draft = load_engine_draft(folder, target)
+    spec = SpecConfig(num_steps=2, topk=2, num_draft_tokens=3)
+    res = speculative_generate(target, draft, prompt_of(9), max_new_tokens=40, spec=spec, stop_on_eos=False)
+    allowed = {"none", "chain 1", "chain 2", "tree 2x2, 3 tokens"}
+    assert set(res.extra["budget_used"]["budgets_used"]) <= allowed
+    assert res.output_ids == plain_generate(target, prompt_of(9), max_new_tokens=40, stop_on_eos=False).output_ids
+
+
+def test_a_draft_without_acceptance_json_uses_a_prior_and_a_broken_one_is_refused(tiny_target, tmp_path):
+    target = load_target(tiny_target("llama"), device="cpu")
+    folder = make_draft_dir(target, tmp_path / "draft")
+    assert load_engine_draft(folder, target).acceptance is None
+    res = speculative_generate(target, load_engine_draft(folder, target), prompt_of(7), max_new_tokens=12,
+                               spec=SpecConfig())
+    assert res.output_ids == plain_generate(target, prompt_of(7), max_new_tokens=12).output_ids
+    (folder / "acceptance.json").write_text('{"step_accuracy": [1.5], "step_accuracy_topk": [0.5], "topk": 4}')
+    with pytest.raises(SpecwireError, match="acceptance.json: field 'step_accuracy'"):
+        read_acceptance(folder)
+
+
+@pytest.mark.slow
+def test_builtin_auto_is_lossless_in_bf16():
+    target = load_target("smollm2-135m", device="cpu", dtype="bfloat16")
+    draft = load_engine_draft("smollm2-135m-eagle3", target)
+    assert draft.acceptance is not None  # the shipped draft carries its measured acceptance
+    for text in ("Explain how a hash map works, with an example in Python.",
+                 "Write a short story about a robot who learns to paint."):
+        prompt = target.encode_chat(text)
+        ref = plain_generate(target, prompt, max_new_tokens=48)
+        for tree in (True, False):
+            res = speculative_generate(target, draft, prompt, max_new_tokens=48, spec=SpecConfig(tree=tree))
+            assert res.output_ids == ref.output_ids, (text, tree)

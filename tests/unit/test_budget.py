@@ -1,0 +1,158 @@
+"""`auto`: the speculation budget chosen from a cost curve and an acceptance profile, and its cache rules.
+
+- The choice equals a brute-force search over every budget within the caps, on known curves and
+  profiles (written out here again, not imported: an independent statement of the model).
+- It behaves as the maths says at the extremes: a flat (AMX-like) curve and a good draft give a deep
+  tree; a steep curve and a weak draft give no speculation; live rounds that accept nothing turn it off.
+- A cost cache measured under another key (foreign or stale) is ignored, never trusted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+
+import pytest
+
+from specwire.decode.budget import AcceptanceModel, Budget, CostModel, choose_budget
+
+FLAT = {T: 30.0 + 0.2 * T for T in range(1, 18)}  # bf16 on AMX: 16 tokens cost about what 1 does
+STEEP = {T: 30.0 * (1 + 0.18 * (T - 1)) for T in range(1, 18)}  # fp32: a 6-token pass ~1.9x a 1-token one
+CLIFF = {T: 30.0 if T == 1 else 30.0 * (1.8 + 0.05 * T) for T in range(1, 18)}  # any multi-token pass ~1.8x
+GOOD = ([0.75, 0.7, 0.68, 0.66, 0.65, 0.64, 0.63], [0.92, 0.9, 0.88, 0.87, 0.86, 0.85, 0.85])
+WEAK = ([0.31, 0.26, 0.23, 0.22, 0.2], [0.53, 0.46, 0.43, 0.4, 0.38])
+
+
+def brute_force(top1, topk, k, target_ms, draft_ms, overhead, *, max_steps, max_topk, max_tokens, tree):
+    """Every budget, scored by its expected tokens per ms; returns the best (ties: first in this order)."""
+    def tokens(rates):
+        out, run = 1.0, 1.0
+        for r in rates:
+            run *= r
+            out += run
+        return out
+
+    def t_ms(T):
+        return target_ms[min(T, max(target_ms))] if T <= max(target_ms) else target_ms[max(target_ms)] * T / max(target_ms)
+
+    best, best_rate = None, -1.0
+    depth = min(max_steps, len(top1))
+    options = [(0, 1, 0)] + [(s, 1, s) for s in range(1, depth + 1)]
+    if tree:
+        options += [(s, w, n) for s, w, n in itertools.product(range(2, depth + 1), range(2, max_topk + 1),
+                                                               range(1, max_tokens + 1)) if n > s]
+    for s, w, n in options:
+        if s == 0:
+            rate = 1.0 / t_ms(1)
+        elif w == 1:
+            rate = tokens(top1[:s]) / (t_ms(1 + s) + s * draft_ms[1] + overhead)
+        else:
+            cover = min(1.0, (n - s) / ((w - 1) * s))
+            fan = (min(w, k) - 1) / (k - 1)
+            rates = [a + (t - a) * fan * cover for a, t in zip(top1[:s], topk[:s])]
+            rate = tokens(rates) / (t_ms(1 + n) + draft_ms[1] + (s - 1) * draft_ms[w] + overhead)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = (s, w, n), rate
+    return best
+
+
+@pytest.mark.parametrize("curve", [FLAT, STEEP, CLIFF], ids=["flat", "steep", "cliff"])
+@pytest.mark.parametrize("profile", [GOOD, WEAK], ids=["good", "weak"])
+@pytest.mark.parametrize("draft_cost", [0.5, 1.7, 6.0])
+@pytest.mark.parametrize("tree", [True, False])
+def test_auto_matches_brute_force(curve, profile, draft_cost, tree):
+    draft_ms = {w: draft_cost * (1 + 0.1 * (w - 1)) for w in (1, 2, 3, 4)}
+    acc = AcceptanceModel(list(profile[0]), list(profile[1]), 4)
+    choice = choose_budget(acc, CostModel(curve, draft_ms, overhead_ms=2.0), max_steps=7, max_topk=4,
+                           max_tokens=16, tree=tree)
+    s, w, n = brute_force(*profile, 4, curve, draft_ms, 2.0, max_steps=7, max_topk=4, max_tokens=16, tree=tree)
+    b = choice.budget
+    assert (b.num_steps, b.topk, b.num_draft_tokens if not b.is_chain else b.num_steps) == (s, w, n)
+
+
+def test_extremes():
+    cheap = {w: 0.5 for w in (1, 2, 3, 4)}
+    deep = choose_budget(AcceptanceModel(*GOOD), CostModel(FLAT, cheap), max_steps=7, max_topk=4, max_tokens=16,
+                         tree=True).budget
+    assert not deep.is_chain and deep.num_steps >= 3 and deep.num_draft_tokens >= 12
+    none = choose_budget(AcceptanceModel(*WEAK), CostModel(CLIFF, {w: 1.7 for w in (1, 2, 3, 4)}), max_steps=5,
+                         max_topk=4, max_tokens=16, tree=True).budget
+    assert none == Budget(0)
+    chain = choose_budget(AcceptanceModel(*GOOD), CostModel(STEEP, cheap), max_steps=7, max_topk=4, max_tokens=16,
+                          tree=False).budget
+    assert chain.is_chain and chain.num_steps >= 1
+
+
+def test_live_rounds_that_accept_nothing_turn_speculation_off():
+    acc = AcceptanceModel(*GOOD)
+    cost = CostModel(STEEP, {w: 0.5 for w in (1, 2, 3, 4)})
+    b = choose_budget(acc, cost, max_steps=7, max_topk=4, max_tokens=16, tree=True).budget
+    assert b.num_steps > 0
+    for _ in range(200):  # the request's rounds: position 0 reached every time, never accepted
+        acc.observe(b, [1] + [0] * (b.num_steps - 1), [0] * b.num_steps)
+    assert choose_budget(acc, cost, max_steps=7, max_topk=4, max_tokens=16, tree=True).budget == Budget(0)
+    rates = acc.rates(b)
+    assert rates[0] < 0.2 * acc.modelled(b)[0]
+
+
+def test_caps_are_respected():
+    c = choose_budget(AcceptanceModel(*GOOD), CostModel(FLAT, {w: 0.1 for w in (1, 2, 3, 4)}), max_steps=3,
+                      max_topk=2, max_tokens=6, tree=True).budget
+    assert c.num_steps <= 3 and c.topk <= 2 and c.num_draft_tokens <= 6
+
+
+# ---- the cost cache ---------------------------------------------------------------------------------
+
+def _curve():
+    from specwire.target.hardware import CostCurve
+
+    return CostCurve(kernel="float32/torch", tokens=[1, 2], ms=[10.0, 12.0], min_rows=4, invariant=True)
+
+
+def test_cache_round_trip_and_foreign_or_stale_cache_is_ignored(tmp_path, caplog):
+    from specwire.target.hardware import CacheKey, read_cache, write_cache
+
+    key = CacheKey.here("abc123")
+    path = write_cache(key, tmp_path, curves={"float32/torch": _curve()}, min_rows={"float32/torch": 4})
+    got = read_cache(key, tmp_path)
+    assert got.curves["float32/torch"].ms == [10.0, 12.0] and got.min_rows == {"float32/torch": 4}
+
+    data = json.loads(path.read_text())
+    data["key"]["torch"] = "1.0.0"  # measured under another torch: stale
+    path.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="specwire"):
+        assert read_cache(key, tmp_path).curves == {}
+    assert "another key" in caplog.text and "torch" in caplog.text
+
+    data["key"] = key.to_dict() | {"cpu": "Some Other CPU"}  # copied from another machine: foreign
+    path.write_text(json.dumps(data))
+    assert read_cache(key, tmp_path).curves == {}
+    other = CacheKey.here("abc123")
+    other.threads += 1  # another thread count is another file: nothing cached there
+    assert read_cache(other, tmp_path).curves == {}
+    path.write_text("{not json")
+    assert read_cache(key, tmp_path).curves == {}
+
+
+def test_engine_refuses_a_foreign_cache_and_measures(tiny_target, tmp_path, monkeypatch):
+    """cost_curve() re-measures when the cached curve's key is not this machine's."""
+    import specwire.decode.kernels as kernels
+    from specwire.target.hardware import CacheKey, write_cache
+    from specwire.target.load import load_target
+
+    monkeypatch.setenv("SPECWIRE_HOME", str(tmp_path))
+    target = load_target(tiny_target("llama"), device="cpu")
+    key = CacheKey.here(target.spec.fingerprint)
+    fake = _curve()
+    fake.ms = [999.0, 999.0]
+    path = write_cache(key, tmp_path, curves={"float32/torch": fake})
+    data = json.loads(path.read_text())
+    data["key"]["cpu"] = "Foreign CPU"
+    path.write_text(json.dumps(data))
+    curve = kernels.cost_curve(target)
+    assert curve.ms[0] != 999.0 and len(curve.ms) == 17
+
+    target2 = load_target(tiny_target("llama"), device="cpu")  # a matching cache is used, not re-measured
+    monkeypatch.setattr(kernels, "measure_curve", lambda *a, **k: pytest.fail("re-measured a valid cache"))
+    assert kernels.cost_curve(target2).ms == curve.ms

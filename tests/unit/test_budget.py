@@ -114,9 +114,9 @@ def test_cache_round_trip_and_foreign_or_stale_cache_is_ignored(tmp_path, caplog
     from specwire.target.hardware import CacheKey, read_cache, write_cache
 
     key = CacheKey.here("abc123")
-    path = write_cache(key, tmp_path, curves={"float32/torch": _curve()}, min_rows={"float32/torch": 4})
+    path = write_cache(key, tmp_path, curves={"float32/torch": _curve()}, min_rows={"float32/torch": {"linear:8x8": 4}})
     got = read_cache(key, tmp_path)
-    assert got.curves["float32/torch"].ms == [10.0, 12.0] and got.min_rows == {"float32/torch": 4}
+    assert got.curves["float32/torch"].ms == [10.0, 12.0] and got.min_rows == {"float32/torch": {"linear:8x8": 4}}
 
     data = json.loads(path.read_text())
     data["key"]["torch"] = "1.0.0"  # measured under another torch: stale

@@ -55,30 +55,33 @@ def _sdpa(module, query, key, value, attention_mask, **kwargs):
 
 
 class _PassPlan:
-    """Per-pass index work shared by every layer: visibility, per-rank chunk masks. Built once per mask."""
+    """Per-pass index work shared by every layer: visibility and per-rank chunk masks. Built once per mask."""
 
     def __init__(self, mask: torch.Tensor | None, q_len: int, k_len: int, rows: int, device):
         self.mask = mask  # kept so the cache below can compare identity safely
         self.q_len, self.k_len, self.rows = q_len, k_len, rows
         past = k_len - q_len
+        self.prefix_hidden = mask is not None and past > 0 and not bool(mask[0, 0, :, :past].all())
         self.base = (past // CHUNK) * CHUNK  # first key of the chunk that holds the cache's end
+        self.cols = -(-k_len // CHUNK) * CHUNK  # keys padded to whole chunks
         if mask is None:
             tail = torch.ones(q_len, q_len, dtype=torch.bool, device=device).tril()
         else:
             tail = mask[0, 0, :, past:]  # shape: [Tq, Tq], which of this pass's keys each row sees
         tail = torch.cat([tail, tail.new_ones(rows - q_len, q_len)], dim=0)  # padding rows see everything
-        region = torch.cat([tail.new_ones(rows, past - self.base), tail], dim=1)  # shape: [R, Tk - base]
-        self.visible = torch.cat([region.new_ones(rows, self.base), region], dim=1)  # shape: [R, Tk]
+        pad = tail.new_zeros(rows, self.cols - k_len)  # the padding keys: seen by no row
+        region = torch.cat([tail.new_ones(rows, past - self.base), tail, pad], dim=1)  # shape: [R, cols - base]
+        self.visible = torch.cat([region.new_ones(rows, self.base), region], dim=1)  # shape: [R, cols]
         rank = region.long().cumsum(-1) - 1  # rank of each visible key within the region
         chunk = torch.where(region, rank // CHUNK, -1)
         n_tail = int(chunk.max()) + 1
-        self.tail_keep = [(chunk == j).float() for j in range(n_tail)]  # each shape: [R, Tk - base]
+        self.tail_keep = torch.stack([(chunk == j).float() for j in range(n_tail)])  # shape: [nt, R, cols - base]
         self._by_group: dict[int, tuple] = {}
 
-    def for_group(self, g: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The hidden-key mask [g*R, Tk] and the tail chunk masks [g*R, Tk - base], repeated per head in a group."""
+    def for_group(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hidden-key mask [g*R, cols] and the tail chunk masks [nt, g*R, cols - base], per head in a group."""
         if g not in self._by_group:
-            self._by_group[g] = (~self.visible.repeat(g, 1), [k.repeat(g, 1) for k in self.tail_keep])
+            self._by_group[g] = (~self.visible.repeat(g, 1), self.tail_keep.repeat(1, g, 1))
         return self._by_group[g]
 
 
@@ -96,10 +99,6 @@ def _plan(mask, q_len, k_len, rows, device) -> _PassPlan:
     return p
 
 
-def _prefix_hidden(mask: torch.Tensor | None, past: int) -> bool:
-    return mask is not None and past > 0 and not bool(mask[0, 0, :, :past].all())
-
-
 def invariant_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """query [1, H, Tq, dk], key [1, Hkv, Tk, dk], value [1, Hkv, Tk, dv] -> ([1, Tq, H, dv], None).
 
@@ -107,46 +106,42 @@ def invariant_attention(module, query, key, value, attention_mask, scaling=None,
     """
     B, H, Tq, dk = query.shape
     Hkv, Tk, dv = key.shape[1], key.shape[2], value.shape[-1]
-    past = Tk - Tq
     special = any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks"))
     if (B != 1 or Tq > MAX_INVARIANT_QUERIES or special or (dropout and module.training)
-            or (attention_mask is not None and attention_mask.dtype != torch.bool)
-            or _prefix_hidden(attention_mask, past)):
+            or (attention_mask is not None and attention_mask.dtype != torch.bool)):
         return _sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     g = H // Hkv
     rows = max(Tq, -(-MIN_GEMM_ROWS // g))  # query rows, padded so each GEMM has >= MIN_GEMM_ROWS rows
-    M = g * rows
-    scale = scaling if scaling is not None else 1.0 / math.sqrt(dk)
     plan = _plan(attention_mask, Tq, Tk, rows, query.device)
+    if plan.prefix_hidden:  # a padded or windowed prefix: outside the contract
+        return _sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    M, cols, base = g * rows, plan.cols, plan.base
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(dk)
+    f32 = dict(dtype=torch.float32, device=query.device)
 
-    q = query[0].float().reshape(Hkv, g, Tq, dk) * scale
-    if rows > Tq:
-        q = torch.cat([q, q.new_zeros(Hkv, g, rows - Tq, dk)], dim=2)
-    q = q.reshape(Hkv, M, dk)  # row index = head-in-group * rows + query
-    k = key[0].float()
-    k_cols = -(-Tk // CHUNK) * CHUNK
-    if k_cols > Tk:
-        k = torch.cat([k, k.new_zeros(Hkv, k_cols - Tk, dk)], dim=1)
-    scores = torch.matmul(q, k.transpose(1, 2))[:, :, :Tk]  # shape: [Hkv, M, Tk]
+    q = torch.empty(Hkv, g, rows, dk, **f32)  # (torch.empty + explicit zero padding: torch.zeros is slow here)
+    q[:, :, :Tq] = query[0].view(Hkv, g, Tq, dk)
+    q[:, :, Tq:] = 0.0
+    q = q.mul_(scale).view(Hkv, M, dk)  # row index = head-in-group * rows + query
+    k = torch.empty(Hkv, cols, dk, **f32)
+    k[:, :Tk] = key[0]
+    k[:, Tk:] = 0.0
+    v = torch.empty(Hkv, cols, dv + 1, **f32)  # values, then a column of ones (the softmax denominator)
+    v[:, :Tk, :dv] = value[0]
+    v[:, :Tk, dv] = 1.0
+    v[:, Tk:] = 0.0
     hidden, tail_keep = plan.for_group(g)
-    scores = scores.masked_fill_(hidden, float("-inf"))
-    e = torch.exp(scores - scores.amax(-1, keepdim=True))  # shape: [Hkv, M, Tk]
-    v = torch.empty(Hkv, Tk, dv + 1, dtype=torch.float32, device=value.device)  # values, then a column of ones
-    v[..., :dv] = value[0]
-    v[..., dv] = 1.0
+    scores = torch.matmul(q, k.transpose(1, 2)).masked_fill_(hidden, float("-inf"))  # shape: [Hkv, M, cols]
+    e = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
 
-    parts = []
-    nb = plan.base // CHUNK
+    nb = base // CHUNK
+    tail = torch.matmul(e[:, None, :, base:] * tail_keep, v[:, None, base:])  # shape: [Hkv, nt, M, dv+1]
     if nb:  # chunks wholly inside the cached prefix: the same keys at the same ranks for every row
-        e_pre = e[:, :, :plan.base].reshape(Hkv, M, nb, CHUNK).transpose(1, 2)  # shape: [Hkv, nb, M, C]
-        parts.append(torch.matmul(e_pre, v[:, :plan.base].reshape(Hkv, nb, CHUNK, dv + 1)))
-    e_tail, v_tail = e[:, :, plan.base:], v[:, plan.base:]  # shape: [Hkv, M, Tk-base], [Hkv, Tk-base, dv+1]
-    for keep in tail_keep:  # per-rank chunks of the region that holds this pass's keys
-        parts.append(torch.matmul(e_tail * keep, v_tail)[:, None])
-    acc = torch.cat(parts, dim=1).cumsum(dim=1)[:, -1]  # shape: [Hkv, M, dv+1], summed in rank order
-    out = acc[..., :dv] / acc[..., dv:]
-    out = out.reshape(Hkv, g, rows, dv)[:, :, :Tq].reshape(1, H, Tq, dv)
-    return out.transpose(1, 2).to(query.dtype).contiguous(), None
+        e_pre = e[:, :, :base].reshape(Hkv, M, nb, CHUNK).transpose(1, 2)  # shape: [Hkv, nb, M, C]
+        tail = torch.cat([torch.matmul(e_pre, v[:, :base].reshape(Hkv, nb, CHUNK, dv + 1)), tail], dim=1)
+    acc = tail.cumsum(dim=1)[:, -1]  # shape: [Hkv, M, dv+1], the chunks summed in rank order
+    out = (acc[..., :dv] / acc[..., dv:]).view(H, rows, dv)[:, :Tq]  # shape: [H, Tq, dv]
+    return out.transpose(0, 1).to(query.dtype)[None], None
 
 
 def invariant_mask(*args, **kwargs):

@@ -26,6 +26,8 @@ the cost of the padding is part of the cost curve that chooses the defaults.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -37,9 +39,26 @@ def padded_rows(x: torch.Tensor, multiple: int, fn) -> torch.Tensor:
     pad = -rows % multiple
     if pad == 0 or rows == 0:
         return fn(x)
-    flat = x.reshape(rows, x.shape[-1])
-    y = fn(torch.cat([flat, flat.new_zeros(pad, flat.shape[-1])]))[:rows]  # shape: [rows, out]
+    y = fn(F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, pad)))[:rows]  # shape: [rows, out]
     return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def product_key(m: nn.Module) -> str | None:
+    """Which row-wise product a module computes, by kind and weight shape ('linear:576x1536'); None if none.
+    Row padding is measured and applied per key: shapes differ in which kernels their row counts select."""
+    from transformers.pytorch_utils import Conv1D
+
+    if isinstance(m, PretransposedLinear):
+        return f"t:{m.in_features}x{m.out_features}"
+    if isinstance(m, (nn.Linear, RowPaddedLinear)):
+        return f"linear:{m.out_features}x{m.in_features}"
+    if isinstance(m, (Conv1D, RowPaddedConv1D)):
+        return f"conv:{tuple(m.weight.shape)[0]}x{tuple(m.weight.shape)[1]}"
+    if isinstance(m, RowPaddedRouter) or _is_router(m):
+        return f"router:{tuple(m.weight.shape)[0]}x{tuple(m.weight.shape)[1]}"
+    if _pads_experts(m):
+        return "experts:" + "x".join(map(str, m.gate_up_proj.shape)) + "/" + "x".join(map(str, m.down_proj.shape))
+    return None
 
 
 class RowPadded(nn.Module):
@@ -187,37 +206,44 @@ def is_pretransposed(model: nn.Module) -> bool:
     return any(isinstance(m, PretransposedLinear) for m in model.modules())
 
 
-def pad_linear_rows(model: nn.Module, min_rows: int) -> int:
-    """Make every row-wise product of `model` compute on a multiple of `min_rows` rows; returns how many were set.
+def pad_linear_rows(model: nn.Module, min_rows: int | Mapping[str, int]) -> int:
+    """Make the row-wise products of `model` compute on a multiple of their row count; returns how many were set.
 
-    nn.Linear layers become `RowPaddedLinear` and GPT-2's Conv1D `RowPaddedConv1D` (sharing their Parameters, so
-    tied weights stay tied); mixture-of-experts routers are wrapped in `RowPaddedRouter`, and experts modules run
-    `padded_experts_forward` (registered with transformers' ExpertsInterface); `PretransposedLinear` layers get
-    the attribute. min_rows=1 swaps nothing new.
+    min_rows: one count for every product, or a count per `product_key` (a product without an entry gets the
+    largest). nn.Linear layers become `RowPaddedLinear` and GPT-2's Conv1D `RowPaddedConv1D` (sharing their
+    Parameters, so tied weights stay tied); mixture-of-experts routers are wrapped in `RowPaddedRouter`, and
+    experts modules run `padded_experts_forward` (registered with transformers' ExpertsInterface);
+    `PretransposedLinear` layers get the attribute. A count of 1 swaps nothing new.
     """
     from transformers.pytorch_utils import Conv1D
 
+    def rows_for(m: nn.Module) -> int:
+        if isinstance(min_rows, int):
+            return min_rows
+        return int(min_rows.get(product_key(m) or "", max(min_rows.values(), default=1)))
+
     n, experts = 0, False
     for name, m in list(model.named_modules()):
+        r = rows_for(m)
         if isinstance(m, (PretransposedLinear, RowPadded)):
-            m.min_rows = min_rows
+            m.min_rows = r
             n += 1
             continue
         if _pads_experts(m):
-            m.min_rows = min_rows
-            experts, n = True, n + 1
+            m.min_rows = r
+            experts, n = experts or r > 1, n + 1
             continue
-        if not name or min_rows <= 1 or any(name.startswith(p + ".") for p, w in _wrapped(model)):
+        if not name or r <= 1 or any(name.startswith(p + ".") for p, w in _wrapped(model)):
             continue
-        swap = (RowPaddedLinear(m, min_rows) if isinstance(m, nn.Linear) else
-                RowPaddedConv1D(m, min_rows) if isinstance(m, Conv1D) else
-                RowPaddedRouter(m, min_rows) if _is_router(m) else None)
+        swap = (RowPaddedLinear(m, r) if isinstance(m, nn.Linear) else
+                RowPaddedConv1D(m, r) if isinstance(m, Conv1D) else
+                RowPaddedRouter(m, r) if _is_router(m) else None)
         if swap is not None:
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, attr, swap)
             n += 1
-    if experts and min_rows > 1:
+    if experts:
         from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
         ALL_EXPERTS_FUNCTIONS.register(EXPERTS_NAME, padded_experts_forward)

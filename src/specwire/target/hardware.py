@@ -28,7 +28,7 @@ import torch
 from specwire.safeio import write_json
 from specwire.wiring import short_hash
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 PASS_TOKENS = tuple(range(1, 18))  # pass sizes measured: a root plus up to 16 draft tokens
 log = logging.getLogger("specwire")
 
@@ -139,7 +139,7 @@ class HardwareCache:
     """What is cached for one key: cost curves, and the linear row padding, per kernel name."""
 
     curves: dict[str, CostCurve] = field(default_factory=dict)
-    min_rows: dict[str, int] = field(default_factory=dict)
+    min_rows: dict[str, dict[str, int]] = field(default_factory=dict)  # kernel -> product key -> row padding
 
 
 def read_cache(key: CacheKey, home: Path) -> HardwareCache:
@@ -154,14 +154,14 @@ def read_cache(key: CacheKey, home: Path) -> HardwareCache:
                         path, _diff(data.get("key"), key.to_dict()))
             return HardwareCache()
         return HardwareCache(curves={n: CostCurve.from_dict(c) for n, c in data.get("curves", {}).items()},
-                             min_rows={n: int(r) for n, r in data.get("min_rows", {}).items()})
+                             min_rows={n: {k: int(v) for k, v in r.items()} for n, r in data.get("min_rows", {}).items()})
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
         log.warning("ignoring unreadable cost cache %s (%s)", path, e)
         return HardwareCache()
 
 
 def write_cache(key: CacheKey, home: Path, *, curves: dict[str, CostCurve] | None = None,
-                min_rows: dict[str, int] | None = None) -> Path:
+                min_rows: dict[str, dict[str, int]] | None = None) -> Path:
     """Merge curves and row paddings into the cache file of `key` (atomically)."""
     old = read_cache(key, home)
     data = {"key": key.to_dict(),
@@ -183,37 +183,38 @@ def _diff(found, expected: dict) -> str:
 # ---- measuring ----------------------------------------------------------------------------------------
 
 @torch.inference_mode()
-def measure_pass_ms(model, T: int, *, context: int = 256, reps: int = 5, vocab: int | None = None) -> float:
-    """Median wall time (ms) of one forward over T new tokens after `context` cached ones (cache cropped back
-    after every pass, two warm-up passes first)."""
+def measure_pass_ms(model, tokens, *, context: int = 256, reps: int = 5, vocab: int | None = None) -> list[float]:
+    """Median wall time (ms) of one forward over T new tokens after `context` cached ones, for each T in `tokens`.
+
+    The sizes are interleaved (every repetition times each T once, after two warm-up rounds) so that a burst
+    of load on a shared machine spreads over all sizes instead of bending one; the cache is cropped back
+    after every pass.
+    """
     from transformers import DynamicCache
 
     dev = next(model.parameters()).device
     vocab = vocab or model.config.get_text_config().vocab_size
-    g = torch.Generator().manual_seed(T)
+    g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (1, context), generator=g).to(dev)
-    x = torch.randint(0, vocab, (1, T), generator=g).to(dev)
+    xs = {T: torch.randint(0, vocab, (1, T), generator=g).to(dev) for T in tokens}
     cache = DynamicCache(config=model.config)
     model(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    times = []
+    times: dict[int, list[float]] = {T: [] for T in tokens}
     for r in range(reps + 2):
-        t0 = time.perf_counter()
-        model(x, past_key_values=cache, use_cache=True, logits_to_keep=T)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        if r >= 2:
-            times.append(time.perf_counter() - t0)
-        cache.crop(context)
-    return 1000 * statistics.median(times)
+        for T in tokens:
+            t0 = time.perf_counter()
+            model(xs[T], past_key_values=cache, use_cache=True, logits_to_keep=T)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            if r >= 2:
+                times[T].append(time.perf_counter() - t0)
+            cache.crop(context)
+    return [1000 * statistics.median(times[T]) for T in tokens]
 
 
 def measure_curve(target, kernel: KernelChoice, *, min_rows: int, tokens=PASS_TOKENS, context: int = 256,
-                  reps: int = 5, progress=None) -> CostCurve:
+                  reps: int = 5) -> CostCurve:
     """The cost curve of an already loaded `target` (which runs `kernel`)."""
-    ms = []
-    for T in tokens:
-        ms.append(round(measure_pass_ms(target.model, T, context=context, reps=reps, vocab=target.info.vocab_size), 3))
-        if progress:
-            progress(T)
-    return CostCurve(kernel=kernel.name, tokens=list(tokens), ms=ms, min_rows=min_rows, context=context,
-                     measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    ms = measure_pass_ms(target.model, list(tokens), context=context, reps=reps, vocab=target.info.vocab_size)
+    return CostCurve(kernel=kernel.name, tokens=list(tokens), ms=[round(v, 3) for v in ms], min_rows=min_rows,
+                     context=context, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))

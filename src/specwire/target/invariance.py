@@ -1,6 +1,6 @@
 """Row invariance of a target's linear layers: how many rows a product needs so a row's result is fixed.
 
-Scope: `linear_min_rows_needed`, which measures, on this machine and for this model's own weight
+Scope: `rows_needed` (and its maximum, `linear_min_rows_needed`), which measures, on this machine and for this model's own weight
 shapes and dtype, the smallest row padding (`fastlinear.pad_linear_rows`) under which every row of a
 product is bitwise the same whatever the number of rows beside it and wherever it sits among them;
 and `stock_kernels`, the model as transformers runs it, for a baseline. Does not own the padding
@@ -20,59 +20,72 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specwire.target.fastlinear import PretransposedLinear, RowPadded, RowPaddedLinear
+from specwire.target.fastlinear import PretransposedLinear, RowPadded
 
 CANDIDATE_ROWS = (1, 2, 4, 8, 16)
 
 
-def _products(model: nn.Module) -> list[tuple[int, object]]:
-    """One (input width, row-wise product x -> y) per distinct shape, layout and dtype of the model's row-wise
-    products: linear layers, pre-transposed ones, GPT-2's Conv1D, mixture-of-experts routers (fp32) and experts."""
+def _products(model: nn.Module) -> list[tuple[str, int, object]]:
+    """(product key, input width, row-wise product x -> y) per distinct product of the model: linear layers,
+    pre-transposed ones, GPT-2's Conv1D, mixture-of-experts routers (fp32) and experts (up and down)."""
     from transformers.pytorch_utils import Conv1D
 
-    from specwire.target.fastlinear import RowPaddedConv1D, RowPaddedRouter, _is_router, _pads_experts
+    from specwire.target.fastlinear import RowPaddedConv1D, RowPaddedRouter, _is_router, _pads_experts, product_key
 
     seen, out = set(), []
 
-    def add(kind: str, w: torch.Tensor, fn, width: int) -> None:
-        key = (kind, tuple(w.shape), w.dtype)
-        if key not in seen:
-            seen.add(key)
-            w = w.detach()
-            out.append((width, w, lambda x, w=w: fn(x.to(device=w.device, dtype=w.dtype), w)))
+    def add(key: str, w: torch.Tensor, fn, width: int, b: torch.Tensor | None = None) -> None:
+        if (key, tuple(w.shape), b is None) not in seen:
+            seen.add((key, tuple(w.shape), b is None))
+            w, b = w.detach(), None if b is None else b.detach()
+            out.append((key, width, lambda x, w=w, b=b: fn(x.to(device=w.device, dtype=w.dtype), w, b)))
 
     for m in model.modules():
+        key = product_key(m)
+        if key is None:
+            continue
         if isinstance(m, PretransposedLinear):
-            add("t", m.weight_t, lambda x, w: x @ w, m.weight_t.shape[0])
+            add(key, m.weight_t, lambda x, w, b: x @ w if b is None else x @ w + b, m.weight_t.shape[0], m.bias)
         elif isinstance(m, (Conv1D, RowPaddedConv1D)):
-            add("conv", m.weight, lambda x, w: torch.addmm(torch.zeros(w.shape[1], dtype=w.dtype, device=w.device), x, w),
-                m.weight.shape[0])
+            add(key, m.weight, lambda x, w, b: torch.addmm(b, x, w), m.weight.shape[0], m.bias)
         elif isinstance(m, RowPaddedRouter) or _is_router(m):
-            add("router", m.weight, lambda x, w: F.linear(x.float(), w.float()), m.weight.shape[1])
+            add(key, m.weight, lambda x, w, b: F.linear(x.float(), w.float()), m.weight.shape[1])
         elif _pads_experts(m):
-            add("experts-up", m.gate_up_proj[0], lambda x, w: F.linear(x, w), m.gate_up_proj.shape[2])
-            add("experts-down", m.down_proj[0], lambda x, w: F.linear(x, w), m.down_proj.shape[2])
-        elif isinstance(m, (nn.Linear, RowPaddedLinear)):
-            add("linear", m.weight, lambda x, w: F.linear(x, w), m.weight.shape[1])
-    return [(width, fn) for width, _, fn in out]
+            add(key, m.gate_up_proj[0], lambda x, w, b: F.linear(x, w), m.gate_up_proj.shape[2])
+            add(key, m.down_proj[0], lambda x, w, b: F.linear(x, w), m.down_proj.shape[2])
+        else:
+            add(key, m.weight, lambda x, w, b: F.linear(x, w, b), m.weight.shape[1], m.bias)
+    return out
+
+
+CHECKED_VALUES = 2_000_000  # output values compared per product: enough to see rare bf16 rounding flips
 
 
 @torch.inference_mode()
-def linear_min_rows_needed(model: nn.Module, *, max_rows: int = 17, trials: int = 8, seed: int = 0) -> int:
-    """Smallest r in CANDIDATE_ROWS such that, for every linear weight of `model`, every row of a product
-    padded to a multiple of r rows (any count up to max_rows) is bitwise the row that a one-row product
-    padded to r rows gives. Inputs: random rows at several scales. Returns max_rows + 1 when none works."""
+def rows_needed(model: nn.Module, *, max_rows: int = 17, seed: int = 0) -> dict[str, int]:
+    """Per row-wise product of `model` (`fastlinear.product_key`): the smallest r in CANDIDATE_ROWS such that every
+    row of a product padded to a multiple of r rows (any count up to max_rows) is bitwise the row that a one-row
+    product padded to r rows gives. max_rows + 1 where none works.
+
+    Inputs are random rows at several scales. In bf16 a kernel difference shows only where the fp32 sums differ
+    across a bf16 rounding boundary (a few in 100,000 values), so each product is tried on at least
+    `CHECKED_VALUES` output values (more trials for narrow products)."""
     from specwire.target.fastlinear import padded_rows
 
     g = torch.Generator().manual_seed(seed)
-    cases = []
-    for width, fn in _products(model):
-        xs = [torch.randn(max_rows, width, generator=g) * (0.5 + 2 * t) for t in range(trials)]
-        cases.append((fn, xs))
-    for r in CANDIDATE_ROWS:
-        if all(_rows_invariant(fn, x, r, padded_rows) for fn, xs in cases for x in xs):
-            return r
-    return max_rows + 1
+    need: dict[str, int] = {}
+    for key, width, fn in _products(model):
+        out = fn(torch.zeros(1, width)).shape[-1]
+        trials = max(3, min(400, -(-CHECKED_VALUES // (out * max_rows))))
+        xs = [torch.randn(max_rows, width, generator=g) * (0.5 + (t % 8) * 2) for t in range(trials)]
+        r = next((r for r in CANDIDATE_ROWS if all(_rows_invariant(fn, x, r, padded_rows) for x in xs)), max_rows + 1)
+        need[key] = max(need.get(key, 1), r)
+    return need
+
+
+def linear_min_rows_needed(model: nn.Module, **kw) -> int:
+    """The largest row padding any of the model's products needs (`rows_needed`)."""
+    return max(rows_needed(model, **kw).values(), default=1)
 
 
 def _rows_invariant(fn, x: torch.Tensor, r: int, padded_rows) -> bool:

@@ -383,20 +383,22 @@ def _make_invariant(model: nn.Module, fingerprint: str, device: torch.device, dt
                     min_rows: int | None) -> None:
     """Batch-invariant attention, and the linear row padding this machine needs (measured once, cached)."""
     from specwire.target.attention import use_invariant_attention
-    from specwire.target.fastlinear import pad_linear_rows, is_pretransposed
+    from specwire.target.fastlinear import is_pretransposed, pad_linear_rows
     from specwire.target.hardware import CacheKey, read_cache, write_cache
-    from specwire.target.invariance import linear_min_rows_needed
+    from specwire.target.invariance import rows_needed
 
     use_invariant_attention(model)
-    if min_rows is None:
+    rows: int | dict[str, int] | None = min_rows
+    if rows is None:
         kernel = f"{str(dtype).replace('torch.', '')}/{'pretransposed' if is_pretransposed(model) else 'torch'}"
         key = CacheKey.here(fingerprint, device.type)
-        min_rows = read_cache(key, specwire_home()).min_rows.get(kernel)
-        if min_rows is None:
-            min_rows = linear_min_rows_needed(model)
+        rows = read_cache(key, specwire_home()).min_rows.get(kernel)
+        if not isinstance(rows, dict):
+            rows = rows_needed(model)
             try:
-                write_cache(key, specwire_home(), min_rows={kernel: min_rows})
+                write_cache(key, specwire_home(), min_rows={kernel: rows})
             except OSError as e:  # a read-only home costs a re-measure next time, nothing else
                 logging.getLogger("specwire").warning("could not cache the row padding under %s (%s)", specwire_home(), e)
-    if min_rows > 1:
-        pad_linear_rows(model, min(min_rows, 16))
+    if isinstance(rows, dict):  # one padding for every product: the largest any shape showed (measuring a shape
+        rows = max(rows.values(), default=1)  # alone can miss a rare one-row difference that another shape shows)
+    pad_linear_rows(model, min(rows, 16))

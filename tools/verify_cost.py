@@ -6,7 +6,8 @@ the CPU computes it natively; nn.Linear or pre-transposed weights), each in two 
   - invariant: the batch-invariant attention and the linear row padding measured for this machine
     (what decoding runs: passes bitwise equal to single steps);
   - stock: transformers' sdpa and no padding (what `hf-generate` runs; not invariant).
-It then ranks the invariant kernels as `--dtype auto` does and says which it chose and why.
+It then ranks the invariant kernels as `--dtype auto` does and says which it chose and why, and caches
+the invariant curves where `--dtype auto` looks for them.
 
     python tools/verify_cost.py --threads 2 --out docs/bench/verify-cost
 
@@ -48,11 +49,14 @@ def main(argv=None) -> int:
             c = measure_curve(t, kernel, min_rows=linear_min_rows(t.model), context=args.context, reps=args.reps)
             name = f"{kernel.name} {form}"
             rows[name] = c
-            if form == "invariant":
+            if form == "invariant":  # what `--dtype auto` would measure: cache it for the decoding commands
                 from specwire.decode.kernels import _check
+                from specwire.target.hardware import CacheKey, write_cache
+                from specwire.target.load import specwire_home
 
                 c.invariant = _check(t)
                 curves[kernel.name] = c
+                write_cache(CacheKey.here(t.spec.fingerprint), specwire_home(), curves={kernel.name: c})
             print(name, [round(c.at(T), 1) for T in SHOWN], flush=True)
             del t
     ranking = rank_kernels(curves, reference_acceptance())

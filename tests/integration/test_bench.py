@@ -244,7 +244,10 @@ def test_bench_builtin_target_mt_bench(tmp_path):
                       warmup_tokens=2, out_dir=str(tmp_path / "run"), progress=False)
     rep = run_bench(cfg)
     assert [r.method for r in rep.results] == methods
-    assert all(r.lossless for r in rep.results), [(r.method, r.first_mismatch) for r in rep.results]
+    # every method on the shared (batch-invariant) kernels equals plain greedy; hf-generate runs transformers' own
+    # kernels, whose bf16 greedy may break an exact tie the other way (docs/BENCHMARKS.md), so it is not held to it
+    ours = [r for r in rep.results if r.method != "hf-generate"]
+    assert all(r.lossless for r in ours), [(r.method, r.first_mismatch) for r in ours]
     assert all(math.isfinite(r.tokens_per_s) and r.tokens_per_s > 0 for r in rep.results)
     _check_report_files(tmp_path / "run", rep)
 

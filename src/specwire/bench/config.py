@@ -220,7 +220,8 @@ class BenchReport:
                  "lossless": r.lossless, "speedup_vs_hf": r.speedup_vs_hf, "speedup_vs_plain": r.speedup_vs_plain,
                  "tokens": r.tokens, "seconds": r.seconds, "target_forwards": r.target_forwards,
                  "tokens_per_forward": r.tokens_per_forward, "accept_per_position": r.accept_per_position,
-                 "mismatches": r.mismatches, "first_mismatch": r.first_mismatch, "time_split": r.time_split}
+                 "mismatches": r.mismatches, "first_mismatch": r.first_mismatch, "time_split": r.time_split,
+                 "budgets": r.budgets}
                 for r in self.results
             ],
             "prompts": self.config.prompts,

@@ -119,23 +119,26 @@ def doctor_verdict(draft_name: str, target: Target) -> str:
 
 def machine_sentence(report: BenchReport, target: Target) -> str:
     """Which kernel the defaults chose on this machine and, when speculation did not beat the faster baseline,
-    why: the measured cost of a verify pass against a one-token step, and the CPU features behind it."""
+    why: the measured cost of a verify pass against a one-token step, the cost of the invariant kernels, and
+    the CPU features behind them."""
     from specwire.decode.kernels import cost_curve, describe_features, kernel_of
 
     curve = cost_curve(target)
     ratio = curve.at(17) / curve.at(1)
     head = (f"this machine: {report.machine.get('cpu')} ({describe_features()}), {kernel_of(target).name} chosen as the "
             f"fastest bitwise-invariant kernel; a 17-token verify pass costs {ratio:.2f}x a 1-token step here.")
-    best = report.best_draft_method
-    base = [r.speedup_vs_hf, r.speedup_vs_plain] if (r := best) else []
-    if best is None or not base or min(x for x in base if x is not None) > 1.0:
+    best, plain = report.best_draft_method, report.result("plain")
+    vs = [x for x in ((best.speedup_vs_hf, best.speedup_vs_plain) if best else ()) if x is not None]
+    if best is None or not vs or min(vs) > 1.0:
         return head
-    amx = cpu_has_amx()
-    why = ("without AMX, multi-token passes cost more than one-token steps, so a draft this weak "
-           f"(accept length {best.accept_length or 0:.2f}) cannot pay for its verify passes; `--budget auto` falls back to "
-           "fewer draft tokens or none rather than lose" if not amx else
-           f"the draft's accept length ({best.accept_length or 0:.2f}) is too low to pay for verification on this prompt set")
-    return head + f" Speculation is not faster here: {why}."
+    cost = (f" The bitwise-invariant kernels make a plain step {1 / plain.speedup_vs_hf - 1:.0%} dearer than "
+            "transformers' own (plain against hf-generate), and speculation has to win that back."
+            if plain and plain.speedup_vs_hf and plain.speedup_vs_hf < 1 else "")
+    why = ("Without AMX a multi-token pass costs more than a one-token step, so a draft this weak "
+           f"(accept length {best.accept_length or 0:.2f}) cannot pay for much verification; `--budget auto` drafts "
+           "less, or not at all, rather than lose to plain decoding." if not cpu_has_amx() else
+           f"The draft's accept length ({best.accept_length or 0:.2f}) is too low to pay for more on this prompt set.")
+    return head + f" Speculation does not beat the faster baseline here.{cost} {why}"
 
 
 def cpu_has_amx() -> bool:

@@ -134,6 +134,10 @@ def render_markdown(report: BenchReport) -> str:
     if pos:
         lines += ["Acceptance per draft position k: among verify passes that reached k (positions before it all "
                   "accepted), the fraction that accepted a draft token at k.", "", pos, ""]
+    budgets = render_budgets(report)
+    if budgets:
+        lines += [f"Speculation budget ({c.spec.budget}): verify rounds run with each choice ('none': plain steps).", "",
+                  "```", budgets, "```", ""]
     lines += [speedup_sentence(report), ""]
     prof = render_profile(report)
     if prof:

@@ -351,7 +351,7 @@ _draft_costs: "weakref.WeakKeyDictionary[Eagle3Draft, dict]" = weakref.WeakKeyDi
 
 
 @torch.inference_mode()
-def draft_step_ms(draft: Eagle3Draft, widths=(1, 2, 3, 4), *, context: int = 64, reps: int = 5) -> dict[int, float]:
+def draft_step_ms(draft: Eagle3Draft, widths=(1, 2, 3, 4), *, context: int = 64, reps: int = 15) -> dict[int, float]:
     """Median ms of one draft step over w rows after `context` cached positions, for each w (memoized per draft,
     thread count and dtype)."""
     key = (torch.get_num_threads(), draft.fc.weight.dtype, tuple(widths))
@@ -415,12 +415,14 @@ class AutoBudget:
         self.used[self.current.label()] = self.used.get(self.current.label(), 0) + 1
         return self.current
 
-    def observe(self, budget: Budget, depth: int, accepted: int, round_ms: float) -> None:
-        """One round's outcome: the tree's depth, the draft tokens accepted, and its wall time."""
+    def observe(self, budget: Budget, depth: int, accepted: int, round_ms: float | None) -> None:
+        """One round's outcome: the tree's depth, the draft tokens accepted, and its wall time (None: a round whose
+        time says nothing about the next ones, such as the first, where the draft reads the whole prompt)."""
         k = min(depth, budget.num_steps)
         self.acceptance.observe(budget, [int(accepted >= j) for j in range(k)], [int(accepted > j) for j in range(k)])
-        predicted = self.cost.round_ms(budget) - self.cost.overhead_ms
-        self.cost.overhead_ms = max(0.0, 0.8 * self.cost.overhead_ms + 0.2 * (round_ms - predicted))
+        if round_ms is not None:
+            predicted = self.cost.round_ms(budget) - self.cost.overhead_ms
+            self.cost.overhead_ms = max(0.0, 0.8 * self.cost.overhead_ms + 0.2 * (round_ms - predicted))
 
     def report(self) -> dict:
         return {"budgets_used": dict(self.used), "overhead_ms": round(self.cost.overhead_ms, 3),
@@ -567,7 +569,8 @@ def speculative_generate(
             stats.add(dtree, res)
             verify_s += time.perf_counter() - tv
             if auto and dtree.size > 1:
-                auto.observe(budget, dtree.max_depth, res.num_accepted, 1000 * (time.perf_counter() - td))
+                auto.observe(budget, dtree.max_depth, res.num_accepted,
+                             1000 * (time.perf_counter() - td) if stats.passes > 1 else None)
             done = emit(res.tokens)
     seconds = time.perf_counter() - t0
     passes = stats.passes

@@ -38,6 +38,14 @@ Metrics in `GenerationResult.extra`:
                        + KV compaction, and elsewhere. No extra device syncs are added for timing, so
                        on an asynchronous device the split is approximate (the totals are exact).
   target_forwards, num_verify_passes, tree (the mode actually used), tree_fallback (why not, if so).
+  budget               "auto" or "fixed"; budget_used: rounds per budget label ("none": plain steps that
+                       `auto` chose instead of speculating), and under auto the costs it used (target_ms by
+                       pass size, draft_ms by width, the learnt overhead_ms); plain_steps.
+
+Under `SpecConfig.budget == "auto"` (`AutoBudget`, maths in `decode.budget`) each round's depth, branching and
+token count are chosen every REPLAN_EVERY rounds from the target's cost curve (`decode.kernels.cost_curve`),
+the draft's measured step cost (`draft_step_ms`) and its acceptance (acceptance.json, corrected by the
+request's own rounds). When no speculation pays, the request continues with plain steps.
 """
 
 from __future__ import annotations

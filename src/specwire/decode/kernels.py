@@ -154,9 +154,31 @@ def default_kernel(name_or_path: str, *, device: str = "cpu", progress: bool = T
 
 
 def _fingerprint(name_or_path: str) -> str:
-    """The target fingerprint without keeping the model (one quick fp32 load of the embedding-bearing model)."""
-    t = load_target(name_or_path, device="cpu", dtype="float32", attention="sdpa")
-    return t.spec.fingerprint
+    """The target fingerprint, remembered per weights file (path, size, mtime) under $SPECWIRE_HOME/hardware, so
+    that `--dtype auto` loads the weights a second time only the first time it sees them."""
+    import json
+
+    from specwire.safeio import write_json
+    from specwire.target.load import resolve_target_path
+
+    folder = resolve_target_path(name_or_path)
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    stamp = "|".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+    memo_path = specwire_home() / "hardware" / "fingerprints.json"
+    try:
+        memo = json.loads(memo_path.read_text()) if memo_path.is_file() else {}
+    except (OSError, ValueError):
+        memo = {}
+    if isinstance(memo, dict) and isinstance(memo.get(stamp), str):
+        return memo[stamp]
+    fingerprint = load_target(name_or_path, device="cpu", dtype="float32", attention="sdpa").spec.fingerprint
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        kept = list((memo if isinstance(memo, dict) else {}).items())[-63:]  # the 64 most recent targets
+        write_json(memo_path, {**dict(kept), stamp: fingerprint})
+    except OSError as e:
+        log.warning("could not remember the target fingerprint under %s (%s)", memo_path.parent, e)
+    return fingerprint
 
 
 def resolve_kernel(name_or_path: str, dtype: str, linear: str, *, device: str | None = None) -> KernelChoice:

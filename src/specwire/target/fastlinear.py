@@ -20,7 +20,7 @@ blocks. A one-row product (a matrix-vector kernel), or the leftover rows after t
 can be summed in another order than a whole block. Then a one-token decoding step and a T-token verify
 pass give a token different logits. `min_rows` pads every product to a multiple of that many rows
 (zeros, sliced off after), so every row goes through the same kernel. The multiple is a property of
-the machine, measured by `target.invariance.linear_min_rows_needed` (on our CPUs: 2 in bf16, 4 in fp32);
+the machine, measured by `target.invariance.rows_needed` (on our CPUs: 2 in bf16, 4 in fp32);
 the cost of the padding is part of the cost curve that chooses the defaults.
 """
 

@@ -1,8 +1,7 @@
 """Row invariance of a target's linear layers: how many rows a product needs so a row's result is fixed.
 
-Scope: `rows_needed` (and its maximum, `linear_min_rows_needed`), which measures, on this machine and for this model's own weight
-shapes and dtype, the smallest row padding (`fastlinear.pad_linear_rows`) under which every row of a
-product is bitwise the same whatever the number of rows beside it and wherever it sits among them;
+Scope: `rows_needed`, which measures, on this machine and for this model's own weight shapes and
+dtype, the smallest row padding (`fastlinear.pad_linear_rows`) under which every row of a product is bitwise the same whatever the number of rows beside it and wherever it sits among them;
 and `stock_kernels`, the model as transformers runs it, for a baseline. Does not own the padding
 itself (`fastlinear`), the attention (`attention`) or the whole-pass check (`decode.invariance`).
 
@@ -81,11 +80,6 @@ def rows_needed(model: nn.Module, *, max_rows: int = 17, seed: int = 0) -> dict[
         r = next((r for r in CANDIDATE_ROWS if all(_rows_invariant(fn, x, r, padded_rows) for x in xs)), max_rows + 1)
         need[key] = max(need.get(key, 1), r)
     return need
-
-
-def linear_min_rows_needed(model: nn.Module, **kw) -> int:
-    """The largest row padding any of the model's products needs (`rows_needed`)."""
-    return max(rows_needed(model, **kw).values(), default=1)
 
 
 def _rows_invariant(fn, x: torch.Tensor, r: int, padded_rows) -> bool:

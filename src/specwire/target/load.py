@@ -330,7 +330,7 @@ def load_target(
     multi-token passes; see that module). It changes no weight, so the fingerprint is the same.
     attention="invariant" (the default) makes a T-token pass give each row bitwise the logits of a one-token
     step (`target.attention`), and pads the linear layers' products to `min_rows` rows (None: the padding
-    measured for this machine, dtype and kernel by `invariance.linear_min_rows_needed`, cached under
+    measured for this machine, dtype and kernel by `invariance.rows_needed`, cached under
     SPECWIRE_HOME). attention="sdpa" keeps transformers' sdpa and no padding.
     """
     if linear not in LINEAR_KINDS:

@@ -329,6 +329,10 @@ def _stray_shard(out: Path) -> bool:
     return m is not None and bool(files - {s["file"] for s in m["shards"]})
 
 
+def _records(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
 def _two_shards_listed(out: Path) -> bool:
     m = _manifest_or_none(out)
     return m is not None and len(m["shards"]) >= 2 and not m["complete"]
@@ -357,14 +361,15 @@ def _kill_when(args, condition, *, delay: float, timeout: float = 300) -> bool:
 
 def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, tiny_target, tiny_llama_target, prompt_file):
     target_dir = tiny_target("llama")
-    ref = make_config(tmp_path / "ref", prompt_file, target_dir, device="cpu")
+    ref = make_config(tmp_path / "ref", prompt_file, target_dir, device="cpu", dtype="float32")
     run_datagen(ref, target=tiny_llama_target)
     refdir = Path(ref.out)
     for attempt, delay in enumerate((0.3, 1.0, 2.0)):  # a loaded machine may need a slower disk to be caught
         out = tmp_path / f"crashed{attempt}"
         convs = out / "conversations.jsonl"
         args = ["--target", str(target_dir), "--prompts", str(prompt_file), "--out", str(out), "--device", "cpu",
-                "--max-new-tokens", "12", "--max-length", str(MAX_LENGTH), "--batch-size", "3", "--shard-tokens", "100"]
+                "--max-new-tokens", "12", "--max-length", str(MAX_LENGTH), "--batch-size", "3", "--shard-tokens", "100",
+                "--dtype", "float32"]
         # 1. killed while appending conversations; then a torn last line, as a kill inside write() leaves
         if not _kill_when(args, lambda: _lines(convs) >= 2, delay=delay):
             continue
@@ -387,7 +392,8 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, tiny_target, t
                        env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in refdir.iterdir())
-    assert convs.read_bytes() == (refdir / "conversations.jsonl").read_bytes()
+    # the same records; continuous batching appends them in finishing order, which resuming changes
+    assert sorted(_records(convs)) == sorted(_records(refdir / "conversations.jsonl"))
     m, mref = read_json(out / MANIFEST), read_json(refdir / MANIFEST)
     assert m == mref
     for p in refdir.glob("*.safetensors"):

@@ -23,8 +23,9 @@ mkdir -p "$RUN"
 
 datagen() {  # datagen OUT PROMPTS BATCH [extra args]
   local out=$1 prompts=$2 batch=$3; shift 3
+  # fp32 answers on padded batches: the engine the shipped draft's data was generated with
   "$BIN/specwire" datagen --prompts "$prompts" --out "$RUN/$out" --max-new-tokens "$NEW_TOKENS" \
-    --batch-size "$batch" --threads "$THREADS" "$@" 2>>"$RUN/datagen.log"
+    --batch-size "$batch" --dtype float32 --batching padded --threads "$THREADS" "$@" 2>>"$RUN/datagen.log"
 }
 
 echo "[1/5] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"

@@ -15,9 +15,15 @@ from specwire.data.datagen import DatagenConfig, run_datagen
 from specwire.data.dump import DUMP_DTYPES, open_dump
 
 DATAGEN_HELP = """\
-Phase 1 (generate): the target answers every prompt with its own chat template (batched HF generate,
-left padding, greedy unless --temperature > 0); the generated token ids are stored as they are in
-OUT/conversations.jsonl with a loss mask on the answer (up to and including the first EOS).
+Phase 1 (generate): the target answers every prompt with its own chat template (greedy unless
+--temperature > 0); the generated token ids are stored as they are in OUT/conversations.jsonl with a
+loss mask on the answer (up to and including the first EOS), each as soon as it is finished.
+  --batching continuous (default): --batch-size rows decode together and a finished row takes the next
+    prompt at once (static per-row cache, no padding; several times HF generate's throughput).
+  --batching padded: HF generate on left-padded batches of --batch-size (every row runs until the
+    batch's longest answer ends); needed for targets with a sliding attention window.
+  --dtype auto (default) decodes in bf16 where the CPU computes it natively (AMX or AVX512-BF16) or on
+    CUDA: the answers are then the target's greedy decoding in bf16.
 Phase 2 (capture): one prefill pass per conversation reads the fused --hs-ids states and hs L (the last
 layer, before the final norm) into OUT/shard-NNNNN.safetensors; OUT/manifest.json holds the wiring,
 fingerprints, counts and options; OUT/vocab_counts.safetensors the assistant-token frequencies.
@@ -40,7 +46,7 @@ duplicated. A rerun with another target, wiring or option into the same OUT is r
 def add_cli(sub) -> None:
     p = sub.add_parser("datagen", help="self-distilled data + hidden-state dump with manifest; resumable",
                        description=DATAGEN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_options(p)
+    add_model_options(p, generation=True)
     add_config_options(p, DatagenConfig, skip=("target", "device", "dtype"),
                        choices={"dtype_dump": sorted(DUMP_DTYPES)})
     add_json_option(p)

@@ -132,8 +132,9 @@ def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> A
 # ---- the options every model-running command shares --------------------------------------------------
 
 def add_model_options(p: argparse.ArgumentParser, *, target: bool = True, draft: bool = False,
-                      linear: bool = False) -> None:
-    """--target/--draft, --device, --dtype, --threads (and `linear`: the decoding commands' --linear)."""
+                      linear: bool = False, generation: bool = False) -> None:
+    """--target/--draft, --device, --dtype, --threads (and `linear`: the decoding commands' --linear;
+    `generation`: the batched-generation commands' --dtype auto)."""
     if target:
         p.add_argument("--target", default="smollm2-135m", help="built-in target name or HF model folder (default: %(default)s)")
     if draft:
@@ -146,6 +147,11 @@ def add_model_options(p: argparse.ArgumentParser, *, target: bool = True, draft:
                        help="weights dtype; 'auto' (default) picks the fastest whose passes are bitwise invariant on "
                             "this machine: bf16 only where the CPU computes it natively (AMX or AVX512-BF16), "
                             "measured once and cached under $SPECWIRE_HOME/hardware")
+    elif generation:  # batched generation: many rows per GEMM, where native bf16 pays off most
+        p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weights dtype; 'auto' (default) is bfloat16 on CUDA or where the CPU computes bf16 "
+                            "natively (AMX or AVX512-BF16), else float32. Answers are the target's greedy decoding "
+                            "in that dtype")
     else:
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="weights dtype (default: %(default)s)")

@@ -68,13 +68,14 @@ class DatagenConfig:
     max_samples: int | None = None  # use the first N prompts of the source (None = all)
     max_new_tokens: int = 256  # answer length cap
     max_length: int = 2048  # cap on prompt + answer tokens; longer prompts are skipped
-    batch_size: int = 16  # sequences per generate / capture batch
+    batch_size: int = 64  # sequences decoded together (continuous: rows; padded: per generate call), and per capture batch
+    batching: str = "continuous"  # continuous (`data.continuous`: a finished row is refilled at once) or padded (HF generate)
     sort_window: int = 8  # prompts are sorted by length within windows of this many batches
     shard_tokens: int = 65536  # a shard is closed once it holds at least this many tokens
     capture_batch_tokens: int = 16384  # cap on padded tokens in one capture batch (one long sample may exceed it)
     dtype_dump: str = "bfloat16"  # dtype of hidden / last_hidden in the shards
     device: str | None = None  # torch device (None = cuda when available, else cpu)
-    dtype: str = "float32"  # weights dtype of the target
+    dtype: str = "auto"  # weights dtype of the target; auto = bfloat16 on CUDA or a CPU with native bf16, else float32
     seed: int = 0  # sampling seed (per batch: seed and batch number); unused when greedy
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0  # nucleus sampling when temperature > 0
@@ -92,6 +93,8 @@ class DatagenConfig:
                 raise SpecwireError(f"datagen {name.replace('_', '-')}: expected a positive integer, found {v!r}.")
         if self.max_samples is not None and (not isinstance(self.max_samples, int) or self.max_samples < 1):
             raise SpecwireError(f"datagen max-samples: expected a positive integer, found {self.max_samples!r}.")
+        if self.batching not in ("continuous", "padded"):
+            raise SpecwireError(f"datagen batching: '{self.batching}', expected continuous or padded.")
         if self.dtype_dump not in DUMP_DTYPES:
             raise SpecwireError(f"datagen dtype-dump: '{self.dtype_dump}', expected one of {sorted(DUMP_DTYPES)}.")
         if not self.temperature >= 0:
@@ -309,6 +312,15 @@ def _server_batch(target: Target, prompts: Sequence[PreparedPrompt], config: Dat
             for p, a, lim in zip(prompts, answers, limits)]
 
 
+def _limit(p: PreparedPrompt, config: DatagenConfig, target: Target) -> int:
+    """New tokens prompt `p` may take: --max-new-tokens, within --max-length and the target's positions."""
+    limit = min(config.max_new_tokens, config.max_length - len(p.prompt_ids))
+    max_pos = target.info.max_position_embeddings
+    if max_pos is not None:
+        limit = min(limit, max_pos - len(p.prompt_ids))
+    return max(1, limit)
+
+
 def generate_conversations(target: Target, prompts: Sequence[PreparedPrompt], path: str | os.PathLike,
                            config: DatagenConfig, *, generator_model: str | None = None) -> PhaseStats:
     """Phase 1: append the answers to `path` (conversations.jsonl), resuming what is there.
@@ -330,8 +342,36 @@ def generate_conversations(target: Target, prompts: Sequence[PreparedPrompt], pa
     bar = tqdm(total=todo, unit="sample", desc="datagen 1/2 generate", file=sys.stderr, disable=not config.progress,
                dynamic_ncols=True)
     t0 = time.perf_counter()
+
+    def write(f, i: int, answer: list[int], finish: str) -> None:
+        p = by_index[i]
+        text = target.tokenizer.decode(answer, skip_special_tokens=True)
+        rec = {"index": i, "id": p.id, "source": p.source,
+               "messages": [*map(dict, p.messages), {"role": "assistant", "content": text}],
+               "input_ids": [*p.prompt_ids, *answer],
+               "loss_mask": [0] * len(p.prompt_ids) + [1] * len(answer), "finish": finish}
+        f.write((json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode())
+        f.flush()
+        os.fsync(f.fileno())
+        done.add(i)
+        stats.samples += 1
+        stats.tokens += len(answer)
+        stats.seconds = time.perf_counter() - t0
+        bar.update(1)
+        bar.set_postfix_str(f"{stats.tokens_per_s:.1f} tok/s", refresh=False)
+
     try:
         with open(path, "ab") as f:
+            if config.batching == "continuous" and not config.generator:
+                from specwire.data.continuous import Request, generate_continuous
+                from specwire.decode.sampling import SamplingParams
+
+                order = [i for b in plan for i in b if i not in done]  # longest first within each window
+                requests = [Request(tuple(by_index[i].prompt_ids), _limit(by_index[i], config, target)) for i in order]
+                params = SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
+                generate_continuous(target, requests, slots=config.batch_size, params=params, seed=config.seed,
+                                    on_done=lambda r, answer, finish: write(f, order[r], answer, finish))
+                plan = []
             for batch_no, batch in enumerate(plan):
                 if all(i in done for i in batch):
                     continue
@@ -345,24 +385,8 @@ def generate_conversations(target: Target, prompts: Sequence[PreparedPrompt], pa
                         max_length=config.max_length, temperature=config.temperature, top_p=config.top_p,
                         top_k=config.top_k, seed=seed)
                 for i, (answer, finish) in zip(batch, answers):
-                    if i in done:
-                        continue
-                    p = by_index[i]
-                    text = target.tokenizer.decode(answer, skip_special_tokens=True)
-                    rec = {"index": i, "id": p.id, "source": p.source,
-                           "messages": [*map(dict, p.messages), {"role": "assistant", "content": text}],
-                           "input_ids": [*p.prompt_ids, *answer],
-                           "loss_mask": [0] * len(p.prompt_ids) + [1] * len(answer), "finish": finish}
-                    line = (json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-                    f.write(line)
-                    f.flush()
-                    os.fsync(f.fileno())
-                    done.add(i)
-                    stats.samples += 1
-                    stats.tokens += len(answer)
-                    bar.update(1)
-                stats.seconds = time.perf_counter() - t0
-                bar.set_postfix_str(f"{stats.tokens_per_s:.1f} tok/s")
+                    if i not in done:
+                        write(f, i, answer, finish)
     finally:
         bar.close()
     stats.seconds = time.perf_counter() - t0
@@ -468,8 +492,11 @@ def run_datagen(config: DatagenConfig, *, target: Target | None = None, prompts:
     if not records:
         raise SpecwireError("datagen: no prompts given; datagen needs at least one.")
     if target is None:
+        from specwire.target.hardware import generation_dtype
+
+        config = dataclasses.replace(config, dtype=generation_dtype(config.dtype, config.device))
         target = load_target(config.target, device=config.device, dtype=config.dtype)
-    elif parse_dtype(config.dtype) != target.dtype:
+    elif config.dtype == "auto" or parse_dtype(config.dtype) != target.dtype:
         config = dataclasses.replace(config, dtype=str(target.dtype).removeprefix("torch."))
     if target.tokenizer is None:
         raise SpecwireError(f"target '{config.target}' has no tokenizer; datagen needs one to template the prompts.")
@@ -514,7 +541,8 @@ def run_datagen(config: DatagenConfig, *, target: Target | None = None, prompts:
         gen_config = dataclasses.replace(config, max_length=max_length)
         result.generate = generate_conversations(target, kept, out / CONVERSATIONS, gen_config,
                                                  generator_model=(existing.get("generator") or {}).get("model"))
-        conversations = _load_done(out / CONVERSATIONS, {p.index: p for p in kept})
+        # by prompt index: continuous batching appends in finishing order, which a resumed run changes
+        conversations = dict(sorted(_load_done(out / CONVERSATIONS, {p.index: p for p in kept}).items()))
         existing["counts"]["conversations"] = len(conversations)
         manifest.write()
         result.capture = capture_conversations(target, list(conversations.values()), out, hs_ids=hs_ids,

@@ -15,8 +15,14 @@ Layout of OUT:
   shard-NNNNN.jsonl.gz       conversations, one JSON record per line, in datagen's conversation format
                              (`index`, `id`, `source`, `messages`, `input_ids`, `loss_mask`, `finish`)
 Each shard is generated from its own seeds (seed, shard, round), written atomically, and only then
-listed in the manifest; a killed run loses at most the shard in flight, and a rerun regenerates it
-exactly. Deduplication runs against every earlier shard, so shard k depends only on shards < k.
+listed in the manifest; a killed run loses at most the shard in flight, and a rerun with the same
+engine options regenerates it exactly. Deduplication runs against every earlier shard, so shard k
+depends only on shards < k.
+
+The recipe (target, filters, lengths, sampling, seed) is fixed for a folder; how a shard is computed
+(`ENGINE_OPTIONS`: batching, batch sizes, dtype) may change between sessions of one build and is
+recorded per shard. Batched generation is the target's greedy decoding in that dtype, up to near-ties
+that batching can flip (`data.continuous`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import gzip
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -49,6 +56,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SOURCE = "selfinstruct"
 _SENTINEL = "\u2063SPECWIRE-USER-TURN\u2063"
+MIN_TOP_UP = 16  # requests sampled at least in a round after the first
 
 
 def shard_name(k: int) -> str:
@@ -79,8 +87,9 @@ class SelfInstructConfig:
     target: str = BUILTIN_TARGET  # built-in name or HF folder with a chat template
     conversations: int = 20000  # stop once the shards hold this many conversations
     shard_size: int = 256  # conversations per shard
-    sample_batch: int = 64  # user requests sampled per generate call (all share one prefix: no padding)
-    answer_batch: int = 32  # answers per generate call (left padded, sorted by length)
+    sample_batch: int = 320  # user requests sampled in a shard's first round (top-up rounds: what the keep rate says is missing)
+    answer_batch: int = 128  # sequences decoded together, in both phases (continuous: slots; padded: batch size)
+    batching: str = "continuous"  # continuous (`data.continuous`, refills finished rows) or padded (HF generate)
     max_request_tokens: int = 128  # cap on a sampled user request; unfinished ones are dropped
     max_new_tokens: int = 128  # answer length cap
     temperature: float = 1.0  # sampling temperature of the user requests
@@ -88,7 +97,7 @@ class SelfInstructConfig:
     max_rounds: int = 64  # sampling rounds per shard before giving up (a target that writes only junk)
     seed: int = 0  # sampling seed (per shard and round) and the MinHash seed
     device: str | None = None  # torch device (None = cuda when available, else cpu)
-    dtype: str = "float32"  # weights dtype of the target
+    dtype: str = "auto"  # weights dtype of the target; auto = bfloat16 where the CPU computes it natively (AMX or AVX512-BF16) or on CUDA, else float32
     filters: FilterConfig = field(default_factory=FilterConfig)  # what a request must satisfy to be kept
     progress: bool = True  # progress bar on stderr
 
@@ -100,17 +109,30 @@ class SelfInstructConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SpecwireError(f"selfinstruct {name.replace('_', '-')}: expected a positive integer, found {v!r}.")
+        if self.batching not in BATCHING:
+            raise SpecwireError(f"selfinstruct batching: '{self.batching}', expected one of {list(BATCHING)}.")
         if not self.temperature > 0:
             raise SpecwireError(f"selfinstruct temperature: expected > 0 (requests are sampled), found {self.temperature}.")
         if not 0 < self.top_p <= 1:
             raise SpecwireError(f"selfinstruct top-p: expected 0 < p <= 1, found {self.top_p}.")
 
     def options(self) -> dict[str, Any]:
-        """The options recorded in, and compared against, the manifest (they decide the data)."""
+        """The options recorded in, and compared against, the manifest (they decide the recipe)."""
         d = dataclasses.asdict(self)
-        for k in ("out", "device", "progress", "conversations"):
+        for k in ("out", "device", "progress", "conversations", *ENGINE_OPTIONS):
             d.pop(k)
         return d
+
+    def engine(self, target: Target) -> dict[str, Any]:
+        """How this run computes (recorded per shard): batching, batch sizes and the dtype actually used."""
+        return {"batching": self.batching, "sample_batch": self.sample_batch, "answer_batch": self.answer_batch,
+                "dtype": str(target.dtype).removeprefix("torch.")}
+
+
+BATCHING = ("continuous", "padded")
+# How a shard is computed, not what it is: they may change between sessions of one build, and each shard
+# records its own (`ShardStats.engine`). A shard's answers are the target's greedy decoding in its dtype.
+ENGINE_OPTIONS = ("sample_batch", "answer_batch", "batching", "dtype")
 
 
 # ---- pure text functions ---------------------------------------------------------------------------
@@ -262,18 +284,31 @@ def user_turn_prefix(target: Target) -> list[int]:
 
 @torch.inference_mode()
 def sample_requests(target: Target, prefix: Sequence[int], *, n: int, max_new_tokens: int, temperature: float,
-                    top_p: float, seed: int) -> list[tuple[str, bool]]:
-    """`n` user requests sampled after `prefix`: (text, finished at an end-of-turn token)."""
-    from transformers import GenerationConfig
+                    top_p: float, seed: int, batching: str = "continuous", rows: int = 128) -> list[tuple[str, bool]]:
+    """`n` user requests sampled after `prefix`: (text, finished at an end-of-turn token).
 
+    continuous: `rows` rows at a time, a finished row refilled at once (`data.continuous`); padded: one
+    HF `generate` call over all `n` (every row runs until the longest request ends).
+    """
     eos = list(target.eos_token_ids)
-    ids = torch.tensor([list(prefix)] * n, dtype=torch.long, device=target.device)  # shape: [n, P]
-    gc = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_p=top_p,
-                          top_k=None, eos_token_id=eos, pad_token_id=eos[0])
-    torch.manual_seed(seed)  # HF generate samples from the global generator
-    out = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gc)
+    if batching == "continuous":
+        from specwire.data.continuous import Request, generate_continuous
+        from specwire.decode.sampling import SamplingParams
+
+        outs = generate_continuous(target, [Request(tuple(prefix), max_new_tokens)] * n, slots=rows, seed=seed,
+                                   params=SamplingParams(temperature=temperature, top_p=top_p))
+        rows_out = [ids for ids, _ in outs]
+    else:
+        from transformers import GenerationConfig
+
+        ids = torch.tensor([list(prefix)] * n, dtype=torch.long, device=target.device)  # shape: [n, P]
+        gc = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_p=top_p,
+                              top_k=None, eos_token_id=eos, pad_token_id=eos[0])
+        torch.manual_seed(seed)  # HF generate samples from the global generator
+        out = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gc)
+        rows_out = out[:, len(prefix):].tolist()
     result = []
-    for row in out[:, len(prefix):].tolist():
+    for row in rows_out:
         stop = next((i for i, t in enumerate(row) if t in eos), None)
         body = row if stop is None else row[:stop]
         result.append((target.tokenizer.decode(body, skip_special_tokens=True).strip(), stop is not None))
@@ -281,17 +316,24 @@ def sample_requests(target: Target, prefix: Sequence[int], *, n: int, max_new_to
 
 
 def _answer(target: Target, requests: Sequence[str], *, config: SelfInstructConfig, first_index: int) -> list[dict]:
-    """Greedy answers to `requests`, batched by prompt length; conversation records in request order."""
+    """Greedy answers to `requests`; conversation records in request order."""
     from specwire.data.datagen import generate_batch
 
     prompts = [target.encode_chat([{"role": "user", "content": r}]) for r in requests]
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     answers: dict[int, tuple[list[int], str]] = {}
-    for s in range(0, len(order), config.answer_batch):
-        batch = order[s:s + config.answer_batch]
-        outs = generate_batch(target, [prompts[i] for i in batch], max_new_tokens=config.max_new_tokens,
-                              max_length=4096)
-        answers.update(zip(batch, outs))
+    if config.batching == "continuous":
+        from specwire.data.continuous import Request, generate_continuous
+
+        outs = generate_continuous(target, [Request(tuple(p), config.max_new_tokens) for p in prompts],
+                                   slots=config.answer_batch)
+        answers = dict(enumerate(outs))
+    else:  # padded batches sorted by prompt length
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        for s in range(0, len(order), config.answer_batch):
+            batch = order[s:s + config.answer_batch]
+            outs = generate_batch(target, [prompts[i] for i in batch], max_new_tokens=config.max_new_tokens,
+                                  max_length=4096)
+            answers.update(zip(batch, outs))
     records = []
     for i, (request, prompt) in enumerate(zip(requests, prompts)):
         answer, finish = answers[i]
@@ -321,6 +363,9 @@ class ShardStats:
     # Requests that passed every filter after the shard was full: not answered, but already in the
     # near-duplicate index, which a resumed run must rebuild exactly (absent from older manifests).
     dedup_only: list[str] = field(default_factory=list)
+    # How the shard was computed (`SelfInstructConfig.engine`); absent from shards built before it was
+    # recorded, which took the manifest's options (float32, padded batches).
+    engine: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -379,9 +424,14 @@ def build_shard(target: Target, k: int, *, prefix: Sequence[int], dedup: NearDup
     for r in range(config.max_rounds):
         if len(kept) >= config.shard_size:
             break
-        batch = sample_requests(target, prefix, n=config.sample_batch, max_new_tokens=config.max_request_tokens,
+        n = config.sample_batch
+        if r > 0:  # a top-up round: about what the keep rate so far says is missing, not a whole batch
+            rate = max(len(kept) / max(sampled, 1), 0.25)
+            n = min(n, max(MIN_TOP_UP, math.ceil((config.shard_size - len(kept)) / rate * 1.2)))
+        batch = sample_requests(target, prefix, n=n, max_new_tokens=config.max_request_tokens,
                                 temperature=config.temperature, top_p=config.top_p,
-                                seed=(config.seed * 1_000_003 + k) * 1009 + r)
+                                seed=(config.seed * 1_000_003 + k) * 1009 + r, batching=config.batching,
+                                rows=config.answer_batch)
         for text, finished in batch:
             sampled += 1
             request_tokens += len(target.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -404,7 +454,8 @@ def build_shard(target: Target, k: int, *, prefix: Sequence[int], dedup: NearDup
     stats = ShardStats(shard=k, conversations=len(records), sampled=sampled, rejected=dict(sorted(rejected.items())),
                        contaminated=contaminated, request_tokens=request_tokens,
                        answer_tokens=sum(sum(r["loss_mask"]) for r in records),
-                       sample_seconds=round(t1 - t0, 2), answer_seconds=round(t2 - t1, 2), dedup_only=overflow)
+                       sample_seconds=round(t1 - t0, 2), answer_seconds=round(t2 - t1, 2), dedup_only=overflow,
+                       engine=config.engine(target))
     return records, stats
 
 
@@ -414,15 +465,19 @@ def run_selfinstruct(config: SelfInstructConfig, *, target: Target | None = None
     if out.exists() and not out.is_dir():
         raise SpecwireError(f"--out {out} is a file; expected a folder for the self-instruct shards.")
     if target is None:
-        target = load_target(config.target, device=config.device, dtype=config.dtype)
+        from specwire.target.hardware import generation_dtype
+
+        target = load_target(config.target, device=config.device, dtype=generation_dtype(config.dtype, config.device))
     identity = _identity(target)
     mpath = out / MANIFEST
     if mpath.is_file():
         manifest = _read_manifest(mpath)
         for key, want in (("identity", identity), ("options", config.options())):
-            if manifest.get(key) != want:
-                diff = sorted(k for k in set(want) | set(manifest.get(key) or {})
-                              if (manifest.get(key) or {}).get(k) != want.get(k))
+            have = manifest.get(key) or {}
+            if key == "options":  # older manifests also recorded how their first shards were computed
+                have = {k: v for k, v in have.items() if k not in ENGINE_OPTIONS}
+            if have != want:
+                diff = sorted(k for k in set(want) | set(have) if have.get(k) != want.get(k))
                 raise SpecwireError(f"{mpath}: this folder was built with another {key} (differs in: {', '.join(diff)}).",
                                     fix="rerun with the same target and options, or choose a new --out folder.")
     else:

@@ -29,7 +29,9 @@ How, in fp32 whatever the model's dtype:
     chunk as in the single-step decoding of the accepted path.
 Passes outside this contract (a batch of several sequences, a padded or windowed prefix, more than
 `MAX_INVARIANT_QUERIES` new tokens, soft-capping or sinks) run through sdpa: prefills and batched
-generation are shared by plain and speculative decoding alike, so they need no invariance.
+generation are shared by plain and speculative decoding alike, so they need no invariance. The one
+exception is speed: a batch of sequences with one new token each (the decode step of batched
+generation) runs `rows_attention`, plain grouped GEMMs, much faster than sdpa's CPU kernel there.
 
 The GEMM facts above (rows of at least `MIN_GEMM_ROWS`, inner chains up to 192 long) were measured on
 the CPU BLAS that torch ships; `specwire.target.invariance` checks them on the model and machine at hand,
@@ -51,6 +53,8 @@ MAX_INVARIANT_QUERIES = 64  # larger passes (prefills) take the sdpa path; keeps
 def _sdpa(module, query, key, value, attention_mask, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if key.dtype != query.dtype:  # a cache that stores wider keys and values (`data.continuous`)
+        key, value = key.to(query.dtype), value.to(query.dtype)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -107,6 +111,9 @@ def invariant_attention(module, query, key, value, attention_mask, scaling=None,
     B, H, Tq, dk = query.shape
     Hkv, Tk, dv = key.shape[1], key.shape[2], value.shape[-1]
     special = any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks"))
+    plain_mask = attention_mask is None or attention_mask.dtype == torch.bool
+    if B > 1 and Tq == 1 and plain_mask and not special and not (dropout and module.training):
+        return rows_attention(query, key, value, attention_mask, scaling)
     if (B != 1 or Tq > MAX_INVARIANT_QUERIES or special or (dropout and module.training)
             or (attention_mask is not None and attention_mask.dtype != torch.bool)):
         return _sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
@@ -142,6 +149,27 @@ def invariant_attention(module, query, key, value, attention_mask, scaling=None,
     acc = tail.cumsum(dim=1)[:, -1]  # shape: [Hkv, M, dv+1], the chunks summed in rank order
     out = (acc[..., :dv] / acc[..., dv:]).view(H, rows, dv)[:, :Tq]  # shape: [H, Tq, dv]
     return out.transpose(0, 1).to(query.dtype)[None], None
+
+
+def rows_attention(query, key, value, attention_mask, scaling=None):
+    """One new token for each of B sequences: query [B, H, 1, dk], key [B, Hkv, Tk, dk] -> ([B, 1, H, dv], None).
+
+    The decode step of batched generation (HF `generate`, `data.continuous`). Plain grouped GEMMs with the
+    softmax in fp32: for one query row per sequence, sdpa's flash kernel on CPU is several times slower
+    (and its callers first copy the key/value heads once per query head). The keys and values may be
+    strided views and may already be fp32 (the continuous-batching cache stores them so).
+    attention_mask: bool [B, 1, 1, Tk] (True = may attend) or None (all keys).
+    """
+    B, H, _, dk = query.shape
+    Hkv, Tk, dv = key.shape[1], key.shape[2], value.shape[-1]
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(dk)
+    q = query.view(B, Hkv, H // Hkv, dk).float()  # shape: [B, Hkv, g, dk]
+    scores = torch.matmul(q, key.float().transpose(-1, -2)).mul_(scale)  # shape: [B, Hkv, g, Tk]
+    if attention_mask is not None:
+        scores.masked_fill_(~attention_mask[:, :, -1:, :Tk], float("-inf"))  # [B or 1, 1, 1, Tk] broadcasts
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, value.float())  # shape: [B, Hkv, g, dv]
+    return out.view(B, 1, H, dv).to(query.dtype), None
 
 
 def invariant_mask(*args, **kwargs):

@@ -137,6 +137,23 @@ def test_datagen_manifest_and_conversations(dumps, tiny_llama_target, tiny_targe
         assert r["input_ids"][n:] == ref.output_ids and r["finish"] == ref.stop_reason
 
 
+def test_padded_batching_gives_the_same_conversations(dumps, tiny_llama_target, prompt_file, tmp_path):
+    """--batching padded (HF generate) and the default continuous batching: the same fp32 greedy answers."""
+    cfg, _ = dumps["float32"]
+    padded = make_config(tmp_path / "padded", prompt_file, cfg.target, batching="padded", batch_size=2)
+    run_datagen(padded, target=tiny_llama_target)
+
+    def records(out):
+        return sorted(read_conversations(Path(out) / "conversations.jsonl"), key=lambda r: r["index"])
+
+    a, b = records(cfg.out), records(padded.out)
+    assert [(r["index"], torch.as_tensor(r["input_ids"]).tolist(), r["finish"]) for r in a] == \
+        [(r["index"], torch.as_tensor(r["input_ids"]).tolist(), r["finish"]) for r in b]
+    assert read_json(Path(padded.out) / MANIFEST)["options"]["batching"] == "padded"
+    with pytest.raises(SpecwireError, match="datagen batching: 'static', expected continuous or padded"):
+        make_config(tmp_path / "x", prompt_file, cfg.target, batching="static")
+
+
 @pytest.mark.parametrize("dt", ["float32", "bfloat16"])
 def test_shards_hold_the_targets_own_states_and_logits(dumps, tiny_llama_target, dt):
     """Speculators-style check: lm_head(final_norm(last_hidden)) == the target's own next-token logits."""

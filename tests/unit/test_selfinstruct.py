@@ -189,3 +189,35 @@ def test_online_training_reads_selfinstruct_folders_checked_against_the_target(t
     other = load_target(tiny_target("llama", seed=1), device="cpu")  # same shapes, other weights
     with pytest.raises(WiringMismatch, match="target fingerprint"):
         load_run_data(cfg, other)
+
+
+def test_engine_options_may_change_between_runs_and_are_recorded_per_shard(tiny_llama_target, tiny_target, tmp_path):
+    """Batching, batch sizes and dtype say how a shard is computed, not what the recipe is: a build may switch."""
+    out = tmp_path / "si"
+    base = dict(out=str(out), target=str(tiny_target("llama")), filters=LOOSE, **{**SMALL, "conversations": 3})
+    run_selfinstruct(SelfInstructConfig(**base), target=tiny_llama_target)
+    manifest = read_json(out / MANIFEST)
+    # a manifest written before engines were recorded per shard listed them among the options
+    manifest["options"].update(dtype="float32", sample_batch=64, answer_batch=64)
+    write_json(out / MANIFEST, manifest)
+    padded = SelfInstructConfig(**{**base, "conversations": 6, "batching": "padded", "answer_batch": 2,
+                                   "sample_batch": 5})
+    res = run_selfinstruct(padded, target=tiny_llama_target)
+    assert res.conversations == 6 and [s.shard for s in res.new_shards] == [1]
+    engines = [s["engine"] for s in read_json(out / MANIFEST)["shards"]]
+    assert engines == [{"batching": "continuous", "sample_batch": 8, "answer_batch": 4, "dtype": "float32"},
+                       {"batching": "padded", "sample_batch": 5, "answer_batch": 2, "dtype": "float32"}]
+
+
+def test_continuous_and_padded_answers_are_the_same_greedy_decoding(tiny_llama_target, tiny_target, tmp_path):
+    from specwire.data.selfinstruct import _answer
+
+    requests = ["a question", "another, longer question about things", "q", "what is it?", "tell me more please"]
+    cfg = SelfInstructConfig(out=str(tmp_path / "x"), target=str(tiny_target("llama")), **{**SMALL, "answer_batch": 2})
+    padded = _answer(tiny_llama_target, requests, config=dataclasses.replace(cfg, batching="padded"), first_index=0)
+    assert _answer(tiny_llama_target, requests, config=cfg, first_index=0) == padded
+
+
+def test_bad_batching_is_named(tmp_path):
+    with pytest.raises(SpecwireError, match="selfinstruct batching: 'fast', expected one of"):
+        SelfInstructConfig(out=str(tmp_path), batching="fast")

@@ -98,3 +98,15 @@ def test_bf16_keys_are_stored_wide_and_rows_attention_matches_sdpa():
     want, _ = sdpa_attention_forward(module, q, k, v, mask)
     got, _ = rows_attention(q, k, v, mask)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_prefill_groups_cover_every_prompt_within_the_padding_cap(monkeypatch):
+    from specwire.data.continuous import _prefill_groups
+
+    monkeypatch.setattr(continuous, "PREFILL_TOKENS", 100)
+    lengths = {0: 30, 1: 10, 2: 60, 3: 20, 4: 150, 5: 25}
+    groups = _prefill_groups(list(lengths), lengths)
+    assert sorted(i for g in groups for i in g) == list(lengths)
+    for g in groups:
+        assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= 100
+    assert groups[0] == [1, 3, 5]  # shortest first: 3 x 25 <= 100, a fourth (30) would make 120

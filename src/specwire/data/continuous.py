@@ -42,7 +42,7 @@ longest sequence is not expressed by the mask, so such targets keep HF `generate
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
@@ -194,13 +194,12 @@ def _prefill(target: Target, prompts: Sequence[Sequence[int]]) -> tuple[DynamicC
     return cache, logits
 
 
-def _prefill_groups(order: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
-    """`order` cut into groups whose padded size (rows x longest) stays within PREFILL_TOKENS."""
+def _prefill_groups(order: Sequence[int], lengths: Mapping[int, int]) -> list[list[int]]:
+    """`order`, shortest first, cut into groups whose padded size (rows x longest) stays within PREFILL_TOKENS."""
     groups: list[list[int]] = []
     for i in sorted(order, key=lambda i: lengths[i]):
-        g = groups[-1] if groups else None
-        if g is not None and (len(g) + 1) * max(lengths[i], lengths[g[0]]) <= PREFILL_TOKENS:
-            g.append(i)
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= PREFILL_TOKENS:  # i is the group's longest so far
+            groups[-1].append(i)
         else:
             groups.append([i])
     return groups

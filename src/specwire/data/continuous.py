@@ -84,11 +84,11 @@ class _SlotLayer(CacheLayerMixin):
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
 
-    def lazy_initialization(self, key_states, value_states) -> None:  # the buffers are allocated by SlotCache.fill
+    def lazy_initialization(self, key_states, value_states) -> None:  # the buffers are allocated by SlotCache.allocate
         raise SpecwireError("continuous batching: a slot cache layer was read before its buffers were filled.")
 
     def update(self, key_states, value_states, *args, **kwargs):
-        # key_states: [rows, heads, 1, dim] (one decode step)
+        # key_states: [rows, heads, 1, dim]: decode steps only (prefills run on their own DynamicCache)
         t = self.owner.clock
         self.keys[:, :, t] = key_states[:, :, 0]
         self.values[:, :, t] = value_states[:, :, 0]
@@ -149,6 +149,7 @@ class SlotCache(Cache):
         self.clock += by
 
     def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the buffer rows `rows` (in that order)."""
         for layer in self.layers:
             layer.keys = layer.keys.index_select(0, rows)
             layer.values = layer.values.index_select(0, rows)

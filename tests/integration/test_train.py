@@ -411,3 +411,132 @@ def test_online_mode_matches_training_on_the_dump(tiny_target, tiny_llama_target
     # online mode also checks the run against the datagen folder's manifest
     with pytest.raises(WiringMismatch, match="hidden-state ids"):
         train(base_config(dump, tmp_path / "bad", online=True, hs_ids=[1, 3, 5], **kw))
+
+
+# ---- recipe options: loss, noise, autocast, layer init, checkpoint selection ------------------------------
+
+def test_top1_loss_is_the_step_weighted_cross_entropy_on_the_target_argmax(tiny_llama_target, dumps):
+    from specwire.data.dump import open_dump
+    from specwire.training.ttt import collate
+
+    samples = list(open_dump(dumps["heldout"]).iter_samples(None))[:4]
+    d = tiny_draft(tiny_llama_target, vocab=200)
+    heads = TargetHeads(tiny_llama_target.parts.final_norm, tiny_llama_target.parts.lm_head, d.d2t, device="cpu")
+    batch = collate(samples, max_length=4096, device="cpu")
+    norm = step_counts(batch.loss_mask, 3).float()
+    kl = ttt_unroll(d, heads, batch, steps=3, norm=norm)
+    top1 = ttt_unroll(d, heads, batch, steps=3, norm=norm, loss_kind="top1")
+    torch.testing.assert_close(top1.kl, kl.kl)  # the metrics do not depend on the loss
+    assert torch.equal(top1.correct, kl.correct)
+    # the reference: the draft's logits at each step, scored against the restricted target's argmax
+    tgt = heads(batch.last_hidden.flatten(0, 1)[batch.score_pos])
+    want, h, attend = 0.0, d.fuse(batch.hidden), TTTAttend()
+    pos = torch.arange(batch.input_ids.shape[1]).expand_as(batch.input_ids)
+    cos, sin = d.rope(pos, h)
+    emb = d.embed(batch.input_ids)
+    for j in range(3):
+        e = F.pad(emb[:, 1 + j:], (0, 0, 0, 1 + j))[:, :emb.shape[1]]
+        h = d.step(h, attend, embeds=e, rope=(cos, sin))
+        n = int((batch.score_t >= 1 + j).sum())
+        logits = d.logits(h.flatten(0, 1)[batch.score_pos[:n] - 1 - j])
+        want = want + 0.8 ** j * F.cross_entropy(logits, tgt.argmax_draft[:n], reduction="sum") / norm[j]
+    torch.testing.assert_close(top1.loss, want)
+
+
+def test_noise_is_seeded_by_step_and_part():
+    from specwire.training.ttt import add_noise
+
+    def noised(**kw):
+        x = torch.zeros(2, 300, 96)
+        add_noise(x, 0.05, **kw)
+        return x
+
+    a = noised(seed=0, step=3, part=1)
+    assert torch.equal(a, noised(seed=0, step=3, part=1))
+    assert not torch.equal(a, noised(seed=0, step=4, part=1)) and not torch.equal(a, noised(seed=0, step=3, part=2))
+    assert float(a.std()) == pytest.approx(0.05, rel=0.05) and abs(float(a.mean())) < 0.005
+
+
+def test_autocast_keeps_the_targets_in_fp32_and_the_loss_close(tiny_llama_target, dumps):
+    from specwire.data.dump import open_dump
+    from specwire.training.ttt import collate
+
+    samples = list(open_dump(dumps["heldout"]).iter_samples(None))[:4]
+    d = tiny_draft(tiny_llama_target)
+    heads = TargetHeads(tiny_llama_target.parts.final_norm, tiny_llama_target.parts.lm_head, d.d2t, device="cpu")
+    batch = collate(samples, max_length=4096, device="cpu")
+    norm = step_counts(batch.loss_mask, 3).float()
+    ref = ttt_unroll(d, heads, batch, steps=3, norm=norm)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = ttt_unroll(d, heads, batch, steps=3, norm=norm)
+    assert low.loss.dtype == torch.float32
+    torch.testing.assert_close(low.loss, ref.loss, rtol=0.03, atol=0.0)
+    assert torch.equal(low.count, ref.count) and torch.equal(low.in_vocab, ref.in_vocab)  # same target argmaxes
+
+
+def test_noisy_autocast_top1_training_resumes_exactly(dumps, tmp_path):
+    kw = dict(max_steps=4, save_every=2, batch_size=4, eval_max_samples=3, noise_std=0.05, autocast=True, loss="top1")
+    full = train(base_config(dumps["small"], tmp_path / "full", **kw))
+    train(base_config(dumps["small"], tmp_path / "part", stop_after=3, **kw))
+    resumed = train(base_config(dumps["small"], tmp_path / "part", **kw))
+    assert resumed.resumed_from == 2 and read_metrics(full.metrics_path) == read_metrics(resumed.metrics_path)
+    quiet = train(base_config(dumps["small"], tmp_path / "quiet", **{**kw, "noise_std": 0.0}))
+    assert read_metrics(quiet.metrics_path)[0]["loss"] != read_metrics(full.metrics_path)[0]["loss"]  # the noise is used
+
+
+def test_init_layer_starts_the_draft_as_a_target_layer(tiny_target, tiny_llama_target):
+    from specwire.target.load import load_target
+    from specwire.training.trainer import build_draft
+
+    t = tiny_llama_target
+    wiring = expected_wiring(t, default_hs_ids(t.num_layers))
+    counts = torch.arange(t.spec.vocab_size, 0, -1)
+    kw = dict(draft_vocab_size=64, norm_before_residual=False, init_lm_head="target", seed=0, device="cpu")
+    rand, last, first = (build_draft(t, wiring, counts, init_layer=i, **kw) for i in ("random", "target", "target:0"))
+    H = t.info.hidden_size
+    src, mine = t.parts.layers[-1], last.layers[0]
+    assert torch.equal(mine.self_attn.q_proj.weight[:, H:], src.self_attn.q_proj.weight)
+    assert torch.equal(mine.self_attn.q_proj.weight[:, :H], rand.layers[0].self_attn.q_proj.weight[:, :H])  # embeddings half: random
+    assert torch.equal(mine.mlp.down_proj.weight, src.mlp.down_proj.weight)
+    assert torch.equal(mine.hidden_norm.weight, src.input_layernorm.weight)
+    assert torch.equal(first.layers[0].self_attn.v_proj.weight[:, H:], t.parts.layers[0].self_attn.v_proj.weight)
+    assert torch.equal(last.fc.weight, rand.fc.weight)  # nothing else changes
+    with pytest.raises(SpecwireError, match=r"the target has 8 layers \(0..7\), found layer 8"):
+        build_draft(t, wiring, counts, init_layer="target:8", **kw)
+    gpt2 = load_target(tiny_target("gpt2"), device="cpu", dtype="float32")
+    with pytest.raises(SpecwireError, match="no Llama-style self_attn.q_proj"):
+        build_draft(gpt2, expected_wiring(gpt2, default_hs_ids(gpt2.num_layers)), torch.arange(gpt2.spec.vocab_size, 0, -1),
+                    init_layer="target", **kw)
+    with pytest.raises(SpecwireError, match="init_layer: expected 'random', 'target' or 'target:N'"):
+        base_config("x", "y", init_layer="layer3")
+
+
+@pytest.mark.parametrize("select", ["best", "last"])
+def test_the_final_draft_is_the_best_validation_or_the_last_step(dumps, tmp_path, select):
+    """The rule, with the best validation's score raised by hand: a resumed run that cannot beat it ends
+    with the best checkpoint's weights ("best"), or with its own ("last")."""
+    kw = dict(max_steps=4, save_every=2, eval_every=2, batch_size=4, eval_max_samples=3, select=select)
+    out = tmp_path / "run"
+    train(base_config(dumps["small"], out, stop_after=2, **kw))
+    cfg_path = out / "best" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    assert cfg["specwire"]["training"]["steps"] == 2
+    cfg["specwire"]["training"]["predicted_accept_length"] = 9.0
+    cfg_path.write_text(json.dumps(cfg))
+    done = train(base_config(dumps["small"], out, **kw))
+    best_w, final_w = load_tensors(out / "best" / "model.safetensors"), load_tensors(done.draft_dir / "model.safetensors")
+    same = all(torch.equal(best_w[k], final_w[k]) for k in best_w)
+    meta = json.loads((done.draft_dir / "config.json").read_text())["specwire"]["training"]
+    if select == "best":
+        assert same and meta["selected_step"] == 2 and done.val["predicted_accept_length"] == 9.0
+    else:
+        assert not same and meta["selected_step"] == 4 and done.val["predicted_accept_length"] < 9.0
+
+
+def test_max_train_samples_keeps_the_first_training_samples(dumps, tiny_llama_target, tmp_path):
+    from specwire.training.batches import load_run_data
+
+    full = load_run_data(base_config(dumps["train"], tmp_path / "a"), tiny_llama_target)
+    few = load_run_data(base_config(dumps["train"], tmp_path / "b", max_train_samples=7), tiny_llama_target)
+    assert [s["index"] for s in few.train.samples] == [s["index"] for s in full.train.samples[:7]]
+    assert len(few.val) == len(full.val) and torch.equal(few.vocab_counts, full.vocab_counts)

@@ -9,6 +9,7 @@ of (seed, epoch); `rank_share`; `micro_batches` under a token budget). Does not 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -70,7 +71,17 @@ def manifest_target(data: str) -> str | None:
 
 
 def load_run_data(config: TrainConfig, target) -> RunData:
-    """Open the data (dump or conversations), check it against the run's wiring, and load its splits."""
+    """Open the data (dump or conversations), check it against the run's wiring, and load its splits;
+    with `max_train_samples`, only the first N samples of the train split are kept (the vocabulary counts
+    still cover all of them)."""
+    data = _load_run_data(config, target)
+    n = config.max_train_samples
+    if n is not None and n < len(data.train):
+        data = dataclasses.replace(data, train=DataSet(data.train.samples[:n], online=data.train.online))
+    return data
+
+
+def _load_run_data(config: TrainConfig, target) -> RunData:
     from specwire.data.dump import is_validation, open_dump
 
     if not config.online:

@@ -13,6 +13,7 @@ uninterrupted run step for step (tests/integration/test_kill.py kills `specwire 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -31,7 +32,9 @@ CHECKPOINT_VERSION = 1
 
 
 def _resume_view(cfg: dict) -> dict:
-    return {k: v for k, v in cfg.items() if k not in RESUME_FREE_FIELDS}
+    """The settings a resumed run must share; a field that an older checkpoint lacks counts as its default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+    return {k: v for k, v in {**defaults, **cfg}.items() if k not in RESUME_FREE_FIELDS}
 
 
 def save_checkpoint(path: Path, *, draft, optimizer: torch.optim.Optimizer, step: int, config: TrainConfig,

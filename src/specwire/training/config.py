@@ -10,6 +10,7 @@ own what the fields do: the loop (`training.trainer`), data (`training.batches`)
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -17,9 +18,10 @@ from specwire.errors import SpecwireError
 
 DEFAULT_TTT_STEPS = 5  # K, unrolled TTT steps: the one default `train` and `eval` share
 DEFAULT_DRAFT_VOCAB = 16384  # capped at the target vocab; see TrainConfig.draft_vocab_size
+LOSSES = ("kl", "top1")  # training.ttt.ttt_unroll's losses
 # TrainConfig fields that may change between a run and its resumption (everything else must match).
 RESUME_FREE_FIELDS = ("out", "eval_every", "save_every", "log_every", "eval_max_samples", "progress", "stop_after",
-                      "device", "batch_tokens")
+                      "device", "batch_tokens", "select")
 
 
 @dataclass
@@ -37,8 +39,14 @@ class TrainConfig:
     draft_vocab_size: int | None = None  # draft vocabulary (default: min(16384, target vocab))
     norm_before_residual: bool = False  # draft layer residual is hidden_norm(h)
     init_lm_head: str = "target"  # "target": lm_head/norm start as the target's rows; "random": default init
+    init_layer: str = "random"  # "random", or "target[:N]": the draft layer starts as target layer N (default: the last)
+    noise_std: float = 0.0  # std of Gaussian noise added to the fused target states while training (not validating)
+    loss: str = "kl"  # "kl": KL(target || draft) over the draft vocab; "top1": cross-entropy on the target's argmax
+    autocast: bool = False  # the draft's forward and backward under bf16 autocast (weights, optimizer, targets stay fp32)
+    select: str = "best"  # the final draft: "best" held-out predicted accept length among validations, or "last"
     epochs: float = 1.0  # passes over the train split (fractions allowed)
     max_steps: int | None = None  # cap on optimizer steps (changes the schedule's length)
+    max_train_samples: int | None = None  # train on the first N samples of the train split only (learning curves, ablations)
     batch_size: int = 8  # samples per optimizer step, over all ranks (the global batch)
     batch_tokens: int = 8192  # max padded tokens per forward pass on one rank (larger batches accumulate)
     max_length: int = 2048  # samples are truncated to this many tokens
@@ -72,7 +80,7 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise SpecwireError(f"TrainConfig.{name}: expected a positive integer, found {v!r}.")
-        for name in ("max_steps", "stop_after", "eval_max_samples", "draft_vocab_size"):
+        for name in ("max_steps", "max_train_samples", "stop_after", "eval_max_samples", "draft_vocab_size"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v <= 0):
                 raise SpecwireError(f"TrainConfig.{name}: expected a positive integer or None, found {v!r}.")
@@ -86,6 +94,14 @@ class TrainConfig:
             raise SpecwireError(f"TrainConfig.warmup_ratio: expected a value in [0, 1), found {self.warmup_ratio}.")
         if not self.max_grad_norm > 0:
             raise SpecwireError(f"TrainConfig.max_grad_norm: expected > 0, found {self.max_grad_norm}.")
+        if self.init_layer != "random" and not re.fullmatch(r"target(:-?\d+)?", self.init_layer):
+            raise SpecwireError(f"TrainConfig.init_layer: expected 'random', 'target' or 'target:N', found {self.init_layer!r}.")
+        if not (isinstance(self.noise_std, (int, float)) and self.noise_std >= 0):
+            raise SpecwireError(f"TrainConfig.noise_std: expected a number >= 0, found {self.noise_std!r}.")
+        if self.loss not in LOSSES:
+            raise SpecwireError(f"TrainConfig.loss: expected one of {', '.join(LOSSES)}, found {self.loss!r}.")
+        if self.select not in ("best", "last"):
+            raise SpecwireError(f"TrainConfig.select: expected 'best' or 'last', found {self.select!r}.")
         if self.init_lm_head not in ("target", "random"):
             raise SpecwireError(f"TrainConfig.init_lm_head: expected 'target' or 'random', found {self.init_lm_head!r}.")
 

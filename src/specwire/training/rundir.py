@@ -19,6 +19,7 @@ from specwire.draft.model import SHIPPED_DRAFT
 
 CHECKPOINT_DIR = RUN_CHECKPOINT_DIR  # resumable state, rewritten every save_every steps
 DRAFT_DIR = RUN_DRAFT_DIR  # the final draft, a native checkpoint folder
+BEST_DIR = "best"  # the draft at the best periodic validation so far (TrainConfig.select)
 METRICS_FILE = "metrics.jsonl"  # one JSON record per log/validation event
 
 

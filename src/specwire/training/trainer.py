@@ -39,9 +39,9 @@ from specwire.training.batches import (DataSet, epoch_batches, load_run_data, ma
 from specwire.training.checkpoint import load_checkpoint, recover_run_folder, save_checkpoint
 from specwire.training.config import DEFAULT_DRAFT_VOCAB, TrainConfig
 from specwire.training.dist import Dist, all_reduce_grads, init_dist
-from specwire.training.evaluate import measure, summarize
-from specwire.training.rundir import CHECKPOINT_DIR, DRAFT_DIR, METRICS_FILE, RunPaths
-from specwire.training.ttt import TargetHeads, Totals, collate, step_counts, step_weights, ttt_unroll
+from specwire.training.evaluate import measure, predicted_accept_length, summarize
+from specwire.training.rundir import BEST_DIR, CHECKPOINT_DIR, DRAFT_DIR, METRICS_FILE, RunPaths
+from specwire.training.ttt import TargetHeads, Totals, add_noise, collate, step_counts, step_weights, ttt_unroll
 from specwire.wiring import Wiring
 
 log = logging.getLogger("specwire")
@@ -59,8 +59,10 @@ def lr_at(step: int, *, total: int, lr: float, warmup_ratio: float) -> float:
 
 
 def build_draft(target, wiring: Wiring, vocab_counts: torch.Tensor, *, draft_vocab_size: int | None,
-                norm_before_residual: bool, init_lm_head: str, seed: int, device) -> Eagle3Draft:
-    """A fresh draft for `target`: vocab map from the counts, seeded init, embeddings attached."""
+                norm_before_residual: bool, init_lm_head: str, seed: int, device,
+                init_layer: str = "random") -> Eagle3Draft:
+    """A fresh draft for `target`: vocab map from the counts, seeded init (the layer from a target layer with
+    init_layer "target[:N]"), embeddings attached."""
     from specwire.draft.vocab import build_vocab_map
 
     V = target.spec.vocab_size
@@ -85,10 +87,78 @@ def build_draft(target, wiring: Wiring, vocab_counts: torch.Tensor, *, draft_voc
             nw = getattr(target.parts.final_norm, "weight", None)
             if nw is not None and tuple(nw.shape) == tuple(draft.norm.weight.shape):
                 draft.norm.weight.copy_(nw.detach().float().cpu())
+        if init_layer != "random":
+            n = int(init_layer.partition(":")[2] or -1)
+            copy_target_layer(draft.layers[0], target.parts.layers, n)
     draft.set_vocab_map(d2t, t2d)
     draft.to(device)
     draft.attach_embeddings(target.parts.embed)
     return draft
+
+
+def copy_target_layer(layer: nn.Module, target_layers: nn.ModuleList, index: int) -> None:
+    """Start the draft layer as target layer `index` (negative counts from the end).
+
+    The draft's q/k/v read [embeddings | hidden] (2H wide): the hidden half gets the target layer's
+    weights (the draft's hidden plays the residual stream's part) and the embedding half keeps its random
+    init. o_proj, the MLP and the norms are copied as they are. Llama-style layers only; another layout
+    (GPT-2's fused Conv1D, mixture-of-experts MLPs) or another size is refused.
+    """
+    L = len(target_layers)
+    if not -L <= index < L:
+        raise SpecwireError(f"init_layer: the target has {L} layers (0..{L - 1}), found layer {index}.")
+    src = target_layers[index]
+    names = {n: p for n, p in src.named_parameters()}
+    H = layer.hidden_norm.weight.shape[0]
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        w = names.get(f"self_attn.{proj}.weight")
+        mine = getattr(layer.self_attn, proj)
+        if w is None or tuple(w.shape) != (mine.weight.shape[0], H):
+            raise SpecwireError(f"init_layer: target layer {index} has no Llama-style self_attn.{proj} of shape "
+                                f"{(mine.weight.shape[0], H)} (found {None if w is None else tuple(w.shape)}).",
+                                fix="use --init-layer random.")
+        mine.weight[:, H:].copy_(w.detach().float())
+        b = names.get(f"self_attn.{proj}.bias")
+        if b is not None and mine.bias is not None:
+            mine.bias.copy_(b.detach().float())
+    plain = {"self_attn.o_proj.weight": layer.self_attn.o_proj.weight, "mlp.gate_proj.weight": layer.mlp.gate_proj.weight,
+             "mlp.up_proj.weight": layer.mlp.up_proj.weight, "mlp.down_proj.weight": layer.mlp.down_proj.weight,
+             "input_layernorm.weight": layer.hidden_norm.weight,
+             "post_attention_layernorm.weight": layer.post_attention_layernorm.weight}
+    for name, mine in plain.items():
+        w = names.get(name)
+        if w is None or tuple(w.shape) != tuple(mine.shape):
+            raise SpecwireError(f"init_layer: target layer {index} has no {name} of shape {tuple(mine.shape)} "
+                                f"(found {None if w is None else tuple(w.shape)}).", fix="use --init-layer random.")
+        mine.copy_(w.detach().float())
+    layer.input_layernorm.weight.copy_(names["input_layernorm.weight"].detach().float())
+
+
+def _best_so_far(path: Path, start: int) -> tuple[int, float] | None:
+    """The best periodic validation a resumed run had reached by its checkpoint's step (None: none yet,
+    or one saved after that step, which the resumed run measures again)."""
+    if not (path / "config.json").is_file():
+        return None
+    from specwire.draft.checkpoint import read_native_config
+
+    t = read_native_config(path)[1].get("specwire", {}).get("training") or {}
+    if not isinstance(t.get("steps"), int) or t["steps"] > start or not isinstance(t.get("predicted_accept_length"), float):
+        return None
+    return t["steps"], t["predicted_accept_length"]
+
+
+def _take_best(draft: Eagle3Draft, path: Path, last_val: dict) -> dict:
+    """Load the best periodic validation's weights into `draft`; returns its validation in the last one's form."""
+    from specwire.draft.checkpoint import read_native_config
+    from specwire.draft.checkpoint import WEIGHTS_FILE
+    from specwire.safeio import load_tensors
+
+    tensors = load_tensors(path / WEIGHTS_FILE)
+    draft.load_state_dict({k: v.to(draft.fc.weight.device) for k, v in tensors.items()}, strict=True)
+    best = read_native_config(path)[1]["specwire"]["training"]
+    acc = best["best"]["acc"]
+    return {**last_val, "step_accuracy": acc, "predicted_accept_length": best["predicted_accept_length"],
+            "selected_step": best["steps"]}
 
 
 @dataclass
@@ -177,7 +247,7 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
     hs_ids = list(data.wiring.hs_ids)
     draft = build_draft(target, data.wiring, data.vocab_counts, draft_vocab_size=config.draft_vocab_size,
                         norm_before_residual=config.norm_before_residual, init_lm_head=config.init_lm_head,
-                        seed=config.seed, device=device)
+                        seed=config.seed, device=device, init_layer=config.init_layer)
     heads = TargetHeads(target.parts.final_norm, target.parts.lm_head, draft.d2t, device=device)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
@@ -191,7 +261,7 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
 
     start = 0
     if d.main:
-        recover_run_folder(out, (CHECKPOINT_DIR, DRAFT_DIR, METRICS_FILE))
+        recover_run_folder(out, (CHECKPOINT_DIR, DRAFT_DIR, BEST_DIR, METRICS_FILE))
     d.barrier()
     if (ckpt_dir / "state.json").is_file():
         start = load_checkpoint(ckpt_dir, draft=draft, optimizer=opt, config=config)
@@ -206,6 +276,7 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
             metrics_path.unlink()
     d.barrier()
 
+    best = _best_so_far(run.out / BEST_DIR, start) if d.main else None  # (step, predicted accept length)
     bar = None
     if d.main and config.progress:
         from tqdm import tqdm
@@ -246,7 +317,10 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
             samples = materialize([data.train.samples[i] for i in mb], target=target, hs_ids=hs_ids,
                                   max_length=config.max_length)
             batch = collate(samples, max_length=config.max_length, device=device)
-            stats = ttt_unroll(draft, heads, batch, steps=K, norm=norm, weights=weights)
+            if config.noise_std:
+                add_noise(batch.hidden, config.noise_std, seed=config.seed, step=step, part=mb[0])
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast):
+                stats = ttt_unroll(draft, heads, batch, steps=K, norm=norm, weights=weights, loss_kind=config.loss)
             stats.loss.backward()
             step_loss += stats.loss.detach()
             window.add(stats)
@@ -273,8 +347,14 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
             win_loss, win_steps = 0.0, 0
         if config.eval_every and step % config.eval_every == 0 and step != total and len(data.val):
             vt = validate(draft, heads, data.val, config=config, d=d, target=target, hs_ids=hs_ids, device=device)
+            al = predicted_accept_length(vt.summary()["acc"])
             if d.main:
-                _append_jsonl(metrics_path, {"kind": "val", "step": step, **vt.summary()})
+                _append_jsonl(metrics_path, {"kind": "val", "step": step, **vt.summary(), "predicted_accept_length": al})
+                if best is None or al > best[1]:
+                    best = (step, al)
+                    save_draft(draft, run.out / BEST_DIR, extra={"training": {"steps": step, "best": vt.summary(),
+                                                                             "predicted_accept_length": al}})
+            d.barrier()
         if step % config.save_every == 0 or step == total:
             if d.main:
                 save_checkpoint(ckpt_dir, draft=draft, optimizer=opt, step=step, config=config, total_steps=total)
@@ -293,8 +373,14 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
             if d.main:
                 _append_jsonl(metrics_path, {"kind": "val", "step": step, **vt.summary(),
                                              "predicted_accept_length": val["predicted_accept_length"]})
+        selected = step
+        if d.main and config.select == "best" and best is not None and val is not None \
+                and best[1] > val["predicted_accept_length"]:
+            selected = best[0]
+            val = _take_best(draft, run.out / BEST_DIR, val)
+            log.info("final draft: step %d (held-out predicted accept length %.3f), not the last step", *best)
         if d.main:
-            extra = {"training": {"steps": step, "ttt_steps": K, "data": str(config.data),
+            extra = {"training": {"steps": step, "selected_step": selected, "ttt_steps": K, "data": str(config.data),
                                   "target": target_name, "online": config.online,
                                   "config": config.to_dict(), "val": val}}
             save_draft(draft, draft_dir, extra=extra, verifier_path=str(target.info.path))

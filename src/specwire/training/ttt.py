@@ -19,7 +19,8 @@ with fused target states g_t and pre-norm last states l_t, unrolled for K steps:
           ahead of position t at decode time (`ttt_mask` is the explicit picture).
   positions: every step reuses the position ids of step 0 (as the EAGLE-3 reference and SpecForge do),
           so RoPE sees position t for all unrolled drafts at t.
-  loss: sum_j 0.8**j * mean over the step's loss tokens of KL(target || draft).
+  loss: sum_j 0.8**j * mean over the step's loss tokens of KL(target || draft) (or, `loss_kind="top1"`,
+          of -log q(the target's argmax)).
 Accuracy: step-j top-1 "target-vocab" accuracy, the headline, is P(d2t-mapped draft argmax == argmax of
 the target over its full vocabulary): a draft token is accepted exactly when it equals the target's
 choice, so this is what acceptance means. "Draft-vocab" accuracy compares with the argmax of the
@@ -108,8 +109,9 @@ class _SoftCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, probs):
-        lse = torch.logsumexp(logits, dim=-1)  # shape: [N]
-        dot = torch.bmm(probs.unsqueeze(1), logits.unsqueeze(2)).view(-1)  # shape: [N], <p, z> per row
+        with torch.autocast(logits.device.type, enabled=False):  # fp32 sums even inside an autocast region
+            lse = torch.logsumexp(logits, dim=-1)  # shape: [N]
+            dot = torch.bmm(probs.unsqueeze(1), logits.unsqueeze(2)).view(-1)  # shape: [N], <p, z> per row
         ctx.save_for_backward(logits, probs, lse)
         return lse - dot
 
@@ -254,6 +256,14 @@ def make_batch(input_ids, loss_mask, hidden, last_hidden) -> TTTBatch:
                     score_pos=flat[order], score_t=tt[order])
 
 
+def add_noise(hidden: torch.Tensor, std: float, *, seed: int, step: int, part: int) -> None:
+    """Add N(0, std^2) to the fused target states in place (training only), as speculators does: the
+    draft then leans less on exact values that serving, in another dtype or kernel, does not reproduce.
+    Seeded by (seed, step, part), so a resumed run draws the same noise. hidden: [B, T, n*H_t]"""
+    g = torch.Generator(device=hidden.device).manual_seed(((int(seed) * 1_000_003 + int(step)) * 1_000_003 + int(part)) % 2 ** 62)
+    hidden.add_(torch.randn(hidden.shape, generator=g, device=hidden.device, dtype=hidden.dtype), alpha=std)
+
+
 def step_counts(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
     """Loss tokens scored at each unrolled step: target positions p >= 1 + j with loss_mask. [steps] int64"""
     m = loss_mask.bool()
@@ -281,14 +291,27 @@ class UnrollStats:
                           self.correct_topk]).double()
 
 
+def top1_cross_entropy(logits: torch.Tensor, target_argmax: torch.Tensor) -> torch.Tensor:
+    """-log q(target's top token) per row: the loss of greedy acceptance, which asks only that the draft's
+    argmax be the target's. logits [N, Vd], target_argmax [N] draft ids -> [N]"""
+    return F.cross_entropy(logits.float(), target_argmax, reduction="none")
+
+
 def ttt_unroll(draft, heads: TargetHeads, batch: TTTBatch, *, steps: int,
-               norm: torch.Tensor | None = None, weights: Sequence[float] | None = None) -> UnrollStats:
+               norm: torch.Tensor | None = None, weights: Sequence[float] | None = None,
+               loss_kind: str = "kl") -> UnrollStats:
     """Run the K-step TTT unroll on a batch; returns the weighted loss (when `norm`, the global
-    per-step token counts, is given) and per-step sums for metrics."""
+    per-step token counts, is given) and per-step sums for metrics.
+
+    loss_kind "kl": KL(target || draft) over the draft vocab (the distribution, as EAGLE-3 trains);
+    "top1": cross-entropy on the target's argmax within the draft vocab (what greedy verification accepts).
+    The reported `kl` is the KL either way. Under autocast the draft runs in low precision; the target's
+    distributions are always computed in fp32."""
     B, T = batch.input_ids.shape
     dev = batch.input_ids.device
     weights = step_weights(steps) if weights is None else weights
-    tgt = heads(batch.last_hidden.flatten(0, 1)[batch.score_pos])  # rows in score_pos order
+    with torch.autocast(dev.type, enabled=False):
+        tgt = heads(batch.last_hidden.flatten(0, 1)[batch.score_pos])  # rows in score_pos order
     in_vocab_row = draft.t2d[tgt.argmax_target]
     pos = torch.arange(T, device=dev).expand(B, T)
     h = draft.fuse(batch.hidden)  # shape: [B, T, H]
@@ -304,9 +327,14 @@ def ttt_unroll(draft, heads: TargetHeads, batch: TTTBatch, *, steps: int,
         n = int((batch.score_t >= 1 + j).sum())  # scored rows form a prefix (score_t non-increasing)
         q_idx = batch.score_pos[:n] - 1 - j  # query position t = p - 1 - j, same row
         logits = draft.logits(h.flatten(0, 1)[q_idx])  # shape: [n, Vd]
-        kl = kl_to_target(logits, tgt.probs[:n], tgt.entropy[:n])
+        if loss_kind == "top1":
+            with torch.no_grad():
+                kl = kl_to_target(logits, tgt.probs[:n], tgt.entropy[:n])
+            term = top1_cross_entropy(logits, tgt.argmax_draft[:n])
+        else:
+            kl = term = kl_to_target(logits, tgt.probs[:n], tgt.entropy[:n])
         if loss is not None:
-            loss = loss + weights[j] * kl.sum() / norm[j].clamp_min(1)
+            loss = loss + weights[j] * term.sum() / norm[j].clamp_min(1)
         with torch.no_grad():
             pred = logits.argmax(-1)
             kl_s.append(kl.detach().sum())

@@ -5,7 +5,8 @@ for --steps optimizer steps of --batch-size conversations, from the `BASE` recip
 changed, then scores it offline (`specwire eval`'s loop) on:
   - the data's own validation split (in-domain, what `--select best` uses; never a benchmark);
   - held-out MT-bench and HumanEval answers of the target (never trained on), when --eval-* is given.
-Wall time and training throughput (loss tokens per second of training) are reported beside the scores,
+Training throughput (loss tokens per second of the training loop) and seconds per step (the whole
+training call, loading and final validation included, over the steps it ran) are reported beside the scores,
 so a change that costs compute (a longer TTT unroll, an fp32 draft) shows what it costs. The rows run
 one after another in this process: compare them with each other, not with figures from other runs.
 
@@ -70,7 +71,9 @@ def run_row(i: int, name: str, change: dict, args) -> dict:
     result = train(config)
     seconds = time.perf_counter() - t0
     row = {"row": i, "name": name, "change": change, "config": config.to_dict(), "steps": result.steps,
-           "train_seconds": round(seconds, 1), "tokens_per_s": round(result.tokens_per_s, 1)}
+           "train_seconds": round(seconds, 1), "resumed_from": result.resumed_from,
+           "seconds_per_step": round(seconds / max(1, result.steps - result.resumed_from), 2),
+           "tokens_per_s": round(result.tokens_per_s, 1)}
     for key, path, split in (("val", str(out), None), ("mt_bench", args.eval_mt_bench, "all"),
                              ("humaneval", args.eval_humaneval, "all")):
         if key == "val":
@@ -85,7 +88,7 @@ def run_row(i: int, name: str, change: dict, args) -> dict:
 
 
 def table(rows: list[dict], args) -> str:
-    head = ("| # | change from the base | s | tok/s | val step-0 | val AL | MT-bench step-0 | MT-bench AL "
+    head = ("| # | change from the base | s/step | tok/s | val step-0 | val AL | MT-bench step-0 | MT-bench AL "
             "| HumanEval step-0 | HumanEval AL |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
@@ -94,7 +97,8 @@ def table(rows: list[dict], args) -> str:
             v = r.get(key) or {}
             acc, al = v.get("step_accuracy"), v.get("predicted_accept_length")
             cells += [f"{acc[0]:.3f}" if acc else "-", f"{al:.3f}" if al else "-"]
-        lines.append(f"| {r['row']} | {r['name']} | {r['train_seconds']:.0f} | {r['tokens_per_s']:.0f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['row']} | {r['name']} | {r['seconds_per_step']:.2f} | {r['tokens_per_s']:.0f} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -239,19 +239,28 @@ def test_unroll_matches_the_naive_alignment(tiny_llama_target, dumps):
         assert cnt[2] > 0
 
 
-def test_loss_is_the_step_weighted_mean_kl(tiny_llama_target, dumps):
+def heldout_unroll_inputs(target, dumps, *, vocab=None):
+    """(draft, heads, batch of 4 held-out samples, per-step counts) for checking one 3-step unroll."""
     from specwire.data.dump import open_dump
     from specwire.training.ttt import collate
 
     samples = list(open_dump(dumps["heldout"]).iter_samples(None))[:4]
-    d = tiny_draft(tiny_llama_target)
-    heads = TargetHeads(tiny_llama_target.parts.final_norm, tiny_llama_target.parts.lm_head, d.d2t, device="cpu")
+    d = tiny_draft(target, vocab=vocab)
+    heads = TargetHeads(target.parts.final_norm, target.parts.lm_head, d.d2t, device="cpu")
     batch = collate(samples, max_length=4096, device="cpu")
-    norm = step_counts(batch.loss_mask, 3).float()
+    return d, heads, batch, step_counts(batch.loss_mask, 3).float()
+
+
+def test_loss_is_the_step_weighted_mean_kl(tiny_llama_target, dumps):
+    d, heads, batch, norm = heldout_unroll_inputs(tiny_llama_target, dumps)
     stats = ttt_unroll(d, heads, batch, steps=3, norm=norm)
     expected = sum(0.8 ** j * stats.kl[j] / norm[j] for j in range(3))
     torch.testing.assert_close(stats.loss, expected)
     # micro-batching with the global counts gives the same loss
+    from specwire.data.dump import open_dump
+    from specwire.training.ttt import collate
+
+    samples = list(open_dump(dumps["heldout"]).iter_samples(None))[:4]  # the batch's samples, in two halves
     halves = [collate(samples[:2], max_length=4096, device="cpu"), collate(samples[2:], max_length=4096, device="cpu")]
     split = sum(ttt_unroll(d, heads, b, steps=3, norm=norm).loss for b in halves)
     torch.testing.assert_close(split, stats.loss, rtol=1e-5, atol=1e-6)
@@ -416,14 +425,7 @@ def test_online_mode_matches_training_on_the_dump(tiny_target, tiny_llama_target
 # ---- recipe options: loss, noise, autocast, layer init, checkpoint selection ------------------------------
 
 def test_top1_loss_is_the_step_weighted_cross_entropy_on_the_target_argmax(tiny_llama_target, dumps):
-    from specwire.data.dump import open_dump
-    from specwire.training.ttt import collate
-
-    samples = list(open_dump(dumps["heldout"]).iter_samples(None))[:4]
-    d = tiny_draft(tiny_llama_target, vocab=200)
-    heads = TargetHeads(tiny_llama_target.parts.final_norm, tiny_llama_target.parts.lm_head, d.d2t, device="cpu")
-    batch = collate(samples, max_length=4096, device="cpu")
-    norm = step_counts(batch.loss_mask, 3).float()
+    d, heads, batch, norm = heldout_unroll_inputs(tiny_llama_target, dumps, vocab=200)
     kl = ttt_unroll(d, heads, batch, steps=3, norm=norm)
     top1 = ttt_unroll(d, heads, batch, steps=3, norm=norm, loss_kind="top1")
     torch.testing.assert_close(top1.kl, kl.kl)  # the metrics do not depend on the loss
@@ -458,14 +460,7 @@ def test_noise_is_seeded_by_step_and_part():
 
 
 def test_autocast_keeps_the_targets_in_fp32_and_the_loss_close(tiny_llama_target, dumps):
-    from specwire.data.dump import open_dump
-    from specwire.training.ttt import collate
-
-    samples = list(open_dump(dumps["heldout"]).iter_samples(None))[:4]
-    d = tiny_draft(tiny_llama_target)
-    heads = TargetHeads(tiny_llama_target.parts.final_norm, tiny_llama_target.parts.lm_head, d.d2t, device="cpu")
-    batch = collate(samples, max_length=4096, device="cpu")
-    norm = step_counts(batch.loss_mask, 3).float()
+    d, heads, batch, norm = heldout_unroll_inputs(tiny_llama_target, dumps)
     ref = ttt_unroll(d, heads, batch, steps=3, norm=norm)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         low = ttt_unroll(d, heads, batch, steps=3, norm=norm)

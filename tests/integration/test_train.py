@@ -516,7 +516,7 @@ def test_the_final_draft_is_the_best_validation_or_the_last_step(dumps, tmp_path
     cfg_path = out / "best" / "config.json"
     cfg = json.loads(cfg_path.read_text())
     assert cfg["specwire"]["training"]["steps"] == 2
-    cfg["specwire"]["training"]["predicted_accept_length"] = 9.0
+    cfg["specwire"]["training"]["val"]["predicted_accept_length"] = 9.0
     cfg_path.write_text(json.dumps(cfg))
     done = train(base_config(dumps["small"], out, **kw))
     best_w, final_w = load_tensors(out / "best" / "model.safetensors"), load_tensors(done.draft_dir / "model.safetensors")

@@ -39,7 +39,7 @@ from specwire.training.batches import (DataSet, epoch_batches, load_run_data, ma
 from specwire.training.checkpoint import load_checkpoint, recover_run_folder, save_checkpoint
 from specwire.training.config import DEFAULT_DRAFT_VOCAB, TrainConfig
 from specwire.training.dist import Dist, all_reduce_grads, init_dist
-from specwire.training.evaluate import measure, predicted_accept_length, summarize
+from specwire.training.evaluate import measure, summarize
 from specwire.training.rundir import BEST_DIR, CHECKPOINT_DIR, DRAFT_DIR, METRICS_FILE, RunPaths
 from specwire.training.ttt import TargetHeads, Totals, add_noise, collate, step_counts, step_weights, ttt_unroll
 from specwire.wiring import Wiring
@@ -134,6 +134,12 @@ def copy_target_layer(layer: nn.Module, target_layers: nn.ModuleList, index: int
     layer.input_layernorm.weight.copy_(names["input_layernorm.weight"].detach().float())
 
 
+def _val_report(totals: Totals, config: TrainConfig, n_val: int) -> dict:
+    """A validation's `evaluate.EvalResult` as JSON: what the metrics, OUT/best and the final draft record."""
+    n = n_val if config.eval_max_samples is None else min(n_val, config.eval_max_samples)
+    return summarize(totals, split="val" if config.eval_data is None else "eval_data", n_samples=n).to_dict()
+
+
 def _best_so_far(path: Path, start: int) -> tuple[int, float] | None:
     """The best periodic validation a resumed run had reached by its checkpoint's step (None: none yet,
     or one saved after that step, which the resumed run measures again)."""
@@ -142,23 +148,21 @@ def _best_so_far(path: Path, start: int) -> tuple[int, float] | None:
     from specwire.draft.checkpoint import read_native_config
 
     t = read_native_config(path)[1].get("specwire", {}).get("training") or {}
-    if not isinstance(t.get("steps"), int) or t["steps"] > start or not isinstance(t.get("predicted_accept_length"), float):
+    al = (t.get("val") or {}).get("predicted_accept_length")
+    if not isinstance(t.get("steps"), int) or t["steps"] > start or not isinstance(al, float):
         return None
-    return t["steps"], t["predicted_accept_length"]
+    return t["steps"], al
 
 
-def _take_best(draft: Eagle3Draft, path: Path, last_val: dict) -> dict:
-    """Load the best periodic validation's weights into `draft`; returns its validation in the last one's form."""
-    from specwire.draft.checkpoint import read_native_config
-    from specwire.draft.checkpoint import WEIGHTS_FILE
+def _take_best(draft: Eagle3Draft, path: Path) -> dict:
+    """Load the best periodic validation's weights into `draft`; returns that validation's report."""
+    from specwire.draft.checkpoint import WEIGHTS_FILE, read_native_config
     from specwire.safeio import load_tensors
 
     tensors = load_tensors(path / WEIGHTS_FILE)
     draft.load_state_dict({k: v.to(draft.fc.weight.device) for k, v in tensors.items()}, strict=True)
     best = read_native_config(path)[1]["specwire"]["training"]
-    acc = best["best"]["acc"]
-    return {**last_val, "step_accuracy": acc, "predicted_accept_length": best["predicted_accept_length"],
-            "selected_step": best["steps"]}
+    return {**best["val"], "selected_step": best["steps"]}
 
 
 @dataclass
@@ -347,14 +351,13 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
             win_loss, win_steps = 0.0, 0
         if config.eval_every and step % config.eval_every == 0 and step != total and len(data.val):
             vt = validate(draft, heads, data.val, config=config, d=d, target=target, hs_ids=hs_ids, device=device)
-            al = predicted_accept_length(vt.summary()["acc"])
+            report = _val_report(vt, config, len(data.val))
             if d.main:
+                al = report["predicted_accept_length"]
                 _append_jsonl(metrics_path, {"kind": "val", "step": step, **vt.summary(), "predicted_accept_length": al})
                 if best is None or al > best[1]:
                     best = (step, al)
-                    save_draft(draft, run.out / BEST_DIR, extra={"training": {"steps": step, "best": vt.summary(),
-                                                                             "predicted_accept_length": al}})
-            d.barrier()
+                    save_draft(draft, run.out / BEST_DIR, extra={"training": {"steps": step, "val": report}})
         if step % config.save_every == 0 or step == total:
             if d.main:
                 save_checkpoint(ckpt_dir, draft=draft, optimizer=opt, step=step, config=config, total_steps=total)
@@ -367,9 +370,7 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
     if finished:
         if len(data.val):
             vt = validate(draft, heads, data.val, config=config, d=d, target=target, hs_ids=hs_ids, device=device)
-            val = summarize(vt, split="val" if config.eval_data is None else "eval_data",
-                            n_samples=len(data.val) if config.eval_max_samples is None else min(len(data.val), config.eval_max_samples),
-                            coverage=None).to_dict()
+            val = _val_report(vt, config, len(data.val))
             if d.main:
                 _append_jsonl(metrics_path, {"kind": "val", "step": step, **vt.summary(),
                                              "predicted_accept_length": val["predicted_accept_length"]})
@@ -377,7 +378,7 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
         if d.main and config.select == "best" and best is not None and val is not None \
                 and best[1] > val["predicted_accept_length"]:
             selected = best[0]
-            val = _take_best(draft, run.out / BEST_DIR, val)
+            val = _take_best(draft, run.out / BEST_DIR)
             log.info("final draft: step %d (held-out predicted accept length %.3f), not the last step", *best)
         if d.main:
             extra = {"training": {"steps": step, "selected_step": selected, "ttt_steps": K, "data": str(config.data),

@@ -535,3 +535,31 @@ def test_max_train_samples_keeps_the_first_training_samples(dumps, tiny_llama_ta
     few = load_run_data(base_config(dumps["train"], tmp_path / "b", max_train_samples=7), tiny_llama_target)
     assert [s["index"] for s in few.train.samples] == [s["index"] for s in full.train.samples[:7]]
     assert len(few.val) == len(full.val) and torch.equal(few.vocab_counts, full.vocab_counts)
+
+
+def test_warm_start_continues_from_a_draft_and_refuses_a_misfit(dumps, tmp_path):
+    """--init-draft: the run starts from that checkpoint's weights and vocab map. Shown with a learning rate too
+    small to move any weight, so the result is the first run's draft bit for bit, and a fresh start is not."""
+    kw = dict(max_steps=3, batch_size=4, eval_max_samples=3, select="last", draft_vocab_size=64)
+    first = train(base_config(dumps["small"], tmp_path / "first", **kw))
+    frozen = dict(kw, lr=1e-30, draft_vocab_size=None)
+    again = train(base_config(dumps["small"], tmp_path / "again", init_draft=str(first.draft_dir), **frozen))
+    fresh = train(base_config(dumps["small"], tmp_path / "fresh", **dict(frozen, draft_vocab_size=64)))
+    wa, wb, wf = (load_tensors(r.draft_dir / "model.safetensors") for r in (first, again, fresh))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not all(torch.equal(wa[k], wf[k]) for k in wa)
+    assert again.val["predicted_accept_length"] == pytest.approx(first.val["predicted_accept_length"])
+    meta = json.loads((again.draft_dir / "config.json").read_text())["specwire"]["training"]
+    assert meta["config"]["init_draft"] == str(first.draft_dir)
+    # the run's draft flags must agree with the checkpoint's or stay unset
+    with pytest.raises(SpecwireError, match="its draft_vocab_size is 64, but the run asks for 32"):
+        train(base_config(dumps["small"], tmp_path / "b", init_draft=str(first.draft_dir), **dict(kw, draft_vocab_size=32)))
+    with pytest.raises(SpecwireError, match="init_layer must stay 'random'"):
+        base_config("x", "y", init_draft=str(first.draft_dir), init_layer="target")
+    # a draft that reads other hidden states than the data holds is refused, naming both
+    cfg_path = first.draft_dir / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["specwire"]["draft_config"]["wiring"]["hs_ids"] = cfg["eagle_aux_hidden_state_layer_ids"] = [1, 4, 5]
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(WiringMismatch, match=r"--init-draft .*first.*hidden-state ids: expected hs \[1, 4, 5\].*found hs \[2, 4, 5\]"):
+        train(base_config(dumps["small"], tmp_path / "c", init_draft=str(first.draft_dir), **frozen))

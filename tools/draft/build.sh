@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch:
-# prompt pool -> self-distilled data + hidden-state dumps -> training -> offline eval -> ship.
+# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch, in two stages:
+#   stage 1: prompt pool -> self-distilled answers + hidden-state dumps -> training (the v2 recipe);
+#   stage 2: the stage-1 draft, trained on, online, over the self-instruct conversations the target wrote
+#            itself (tools/draft/data/selfinstruct, committed) -> offline eval -> ship.
 # Every step is resumable: after an interruption, rerun `make draft` and it continues where it stopped.
 # Progress goes to runs/draft/*.log. Sizes can be overridden from the environment.
 #
-# Training data: three disjoint parts of the prompt pool (docs/PROMPT_POOL.md), one dump each, merged by
+# Stage-1 data: three disjoint parts of the prompt pool (docs/PROMPT_POOL.md), one dump each, merged by
 # `specwire train` (which checks every dump against the same wiring):
 #   pool[:512]      512 prompts: CPython stdlib code + Shakespeare/Milton passages
 #   pool:synthetic  2,160 prompts: chat and reasoning (writing, roleplay, extraction, maths, logic, STEM...)
 #   pool[512:1000]  488 more code + Shakespeare/Milton prompts
+# Stage-2 data: 20,224 self-instruct conversations (docs/PROMPT_POOL.md); `specwire selfinstruct` below
+# finds them complete and only checks them. Target states are captured per batch (--online): no dump.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -17,7 +21,8 @@ NEW_TOKENS=${NEW_TOKENS:-128}     # answer length cap, the benchmark's generatio
 VOCAB=${VOCAB:-8192}              # draft vocabulary (see docs/MODEL_CARD.md for the coverage measurement)
 EPOCHS=${EPOCHS:-2}
 LR=${LR:-1e-3}
-EVAL_SAMPLES=${EVAL_SAMPLES:-24}  # held-out MT-bench / HumanEval prompts answered by the target for eval
+SI_SAMPLES=${SI_SAMPLES:-7680}  # self-instruct conversations stage 2 trains on (of 20,224): 960 steps, ~95 min on 2 cores
+SI_LR=${SI_LR:-1e-3}
 THREADS=${THREADS:-2}
 mkdir -p "$RUN"
 
@@ -28,28 +33,8 @@ datagen() {  # datagen OUT PROMPTS BATCH [extra args]
     --batch-size "$batch" --dtype float32 --batching padded --threads "$THREADS" "$@" 2>>"$RUN/datagen.log"
 }
 
-echo "[1/5] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
-datagen data-pool1 pool 16 --max-samples 512
-datagen data-synthetic pool:synthetic 32
-datagen data-pool2 'pool[512:1000]' 32
-
-echo "[2/5] held-out evaluation data: MT-bench and HumanEval answers (never used for training)"
-datagen eval-mtbench mt-bench 8 --max-samples "$EVAL_SAMPLES"
-datagen eval-humaneval humaneval 8 --max-samples "$EVAL_SAMPLES"
-
-echo "[3/5] training (log: $RUN/train.log)"
-"$BIN/specwire" train --data "$RUN/data-pool1" "$RUN/data-synthetic" "$RUN/data-pool2" --out "$RUN/train" \
-  --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --lr "$LR" --batch-size 8 --eval-every 200 --threads "$THREADS" \
-  --json >"$RUN/train.json" 2>"$RUN/train.log"
-
-echo "[4/5] offline evaluation"
-for set in mtbench humaneval; do
-  "$BIN/specwire" eval --draft "$RUN/train/draft" --data "$RUN/eval-$set" --split all --json >"$RUN/eval-$set.json"
-done
-cat "$RUN"/eval-*.json
-
-echo "[5/5] bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/assets/smollm2-135m-eagle3)"
-"$BIN/python" - "$RUN/train/draft" "$RUN/ship" <<'PY'
+ship() {  # ship SRC DST: the bf16 copy of a trained draft that ships (under 50 MB), its training record kept
+  "$BIN/python" - "$1" "$2" <<'PY'
 import json, sys
 import torch
 from specwire.draft.checkpoint import load_draft, save_draft
@@ -58,3 +43,57 @@ training = json.load(open(f"{src}/config.json"))["specwire"].get("training")
 save_draft(load_draft(src), dst, dtype=torch.bfloat16, extra={"training": training} if training else None,
            verifier_path="smollm2-135m")  # the built-in name, not this machine's path
 PY
+}
+
+echo "[1/7] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
+datagen data-pool1 pool 16 --max-samples 512
+datagen data-synthetic pool:synthetic 32
+datagen data-pool2 'pool[512:1000]' 32
+
+echo "[2/7] held-out evaluation data: every MT-bench and HumanEval prompt answered (never used for training)"
+datagen eval-mtbench mt-bench 8
+datagen eval-humaneval humaneval 8
+
+echo "[3/7] stage 1: training on the pool (log: $RUN/train.log)"
+"$BIN/specwire" train --data "$RUN/data-pool1" "$RUN/data-synthetic" "$RUN/data-pool2" --out "$RUN/train" \
+  --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --lr "$LR" --batch-size 8 --eval-every 200 --threads "$THREADS" \
+  --json >"$RUN/train.json" 2>"$RUN/train.log"
+ship "$RUN/train/draft" "$RUN/stage1"  # the bf16 copy that shipped as version 2; stage 2 starts from it
+
+echo "[4/7] stage-2 data: the self-instruct conversations (complete in the repository: checked, not regenerated)"
+"$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct --conversations 20000 --shard-size 256 \
+  --sample-batch 320 --answer-batch 128 --max-request-tokens 128 --max-new-tokens 128 --threads "$THREADS" \
+  2>>"$RUN/selfinstruct.log"
+
+snapshot_loop() {  # copy each new stage-2 checkpoint to $RUN/snaps/step-N: the learning curve's points
+  local ck="$RUN/train-si/checkpoint" step
+  while sleep 20; do
+    step=$("$BIN/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$ck/state.json" 2>/dev/null) || continue
+    [ -d "$RUN/snaps/step-$step" ] && continue
+    rm -rf "$RUN/snaps/tmp" && mkdir -p "$RUN/snaps/tmp"
+    cp "$ck/state.json" "$ck/draft.safetensors" "$RUN/snaps/tmp/" 2>/dev/null || continue
+    cmp -s "$ck/state.json" "$RUN/snaps/tmp/state.json" && mv "$RUN/snaps/tmp" "$RUN/snaps/step-$step"  # not torn
+  done
+}
+
+echo "[5/7] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
+snapshot_loop & SNAPSHOTS=$!
+trap 'kill $SNAPSHOTS 2>/dev/null' EXIT
+"$BIN/specwire" train --online --target smollm2-135m --data tools/draft/data/selfinstruct --init-draft "$RUN/stage1" \
+  --out "$RUN/train-si" --max-train-samples "$SI_SAMPLES" --ttt-steps 3 --epochs 1 --lr "$SI_LR" --batch-size 8 \
+  --eval-every 160 --save-every 160 --eval-max-samples 96 --select best --dtype float32 --threads "$THREADS" \
+  --json >"$RUN/train-si.json" 2>"$RUN/train-si.log"
+kill $SNAPSHOTS 2>/dev/null || true
+
+echo "[6/7] offline evaluation on the held-out answers, stage 1 and stage 2"
+for stage in stage1 train-si/draft; do
+  for set in mtbench humaneval; do
+    "$BIN/specwire" eval --draft "$RUN/$stage" --data "$RUN/eval-$set" --split all --json >"$RUN/eval-${stage%%/*}-$set.json"
+  done
+done
+cat "$RUN"/eval-*.json
+"$BIN/python" tools/draft/snapshots.py --run "$RUN/train-si" --snaps "$RUN/snaps" --eval mtbench="$RUN/eval-mtbench" \
+  --eval humaneval="$RUN/eval-humaneval" --out "$RUN/learning-curve.json" --plot "$RUN/learning-curve.png"
+
+echo "[7/7] bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/assets/smollm2-135m-eagle3)"
+ship "$RUN/train-si/draft" "$RUN/ship"

@@ -40,6 +40,7 @@ class TrainConfig:
     norm_before_residual: bool = False  # draft layer residual is hidden_norm(h)
     init_lm_head: str = "target"  # "target": lm_head/norm start as the target's rows; "random": default init
     init_layer: str = "random"  # "random", or "target[:N]": the draft layer starts as target layer N (default: the last)
+    init_draft: str | None = None  # warm start: a draft checkpoint (folder or shipped name) whose weights and vocab map the run starts from
     noise_std: float = 0.0  # std of Gaussian noise added to the fused target states while training (not validating)
     loss: str = "kl"  # "kl": KL(target || draft) over the draft vocab; "top1": cross-entropy on the target's argmax
     autocast: bool = False  # the draft's forward and backward under bf16 autocast (weights, optimizer, targets stay fp32)
@@ -102,6 +103,9 @@ class TrainConfig:
             raise SpecwireError(f"TrainConfig.loss: expected one of {', '.join(LOSSES)}, found {self.loss!r}.")
         if self.select not in ("best", "last"):
             raise SpecwireError(f"TrainConfig.select: expected 'best' or 'last', found {self.select!r}.")
+        if self.init_draft is not None and self.init_layer != "random":
+            raise SpecwireError(f"TrainConfig.init_draft: a warm start takes the layer from {self.init_draft}, "
+                                f"so init_layer must stay 'random', found {self.init_layer!r}.")
         if self.init_lm_head not in ("target", "random"):
             raise SpecwireError(f"TrainConfig.init_lm_head: expected 'target' or 'random', found {self.init_lm_head!r}.")
 

@@ -96,6 +96,29 @@ def build_draft(target, wiring: Wiring, vocab_counts: torch.Tensor, *, draft_voc
     return draft
 
 
+def warm_start_draft(config: TrainConfig, target, wiring: Wiring, *, source: str, device) -> Eagle3Draft:
+    """The draft `config.init_draft` names, in fp32, to continue training on new data: its weights and vocab map
+    (a curriculum: e.g. the pool first, then self-instruct). Its wiring must be the data's; its geometry wins
+    over the run's draft flags, which must agree or stay unset."""
+    from specwire.draft.checkpoint import load_draft, resolve_draft_path
+
+    path = resolve_draft_path(config.init_draft)
+    draft = load_draft(path, dtype=torch.float32)
+    mine = draft.config.wiring
+    mine.check_compatible(wiring, expected_from=f"--init-draft {path}", found_in=source,
+                          ignore=("norm_before_residual", "draft_vocab_size"))
+    asked = {"draft_vocab_size": config.draft_vocab_size, "norm_before_residual": config.norm_before_residual or None}
+    for name, want in asked.items():  # None: not asked for, the checkpoint's value stands
+        have = getattr(draft.config, name)
+        if want is not None and want != have:
+            raise SpecwireError(f"--init-draft {path}: its {name} is {have}, but the run asks for {want}.",
+                                fix=f"drop --{name.replace('_', '-')} (a warm start keeps the checkpoint's), or start fresh.")
+    draft.train()
+    draft.to(device)
+    draft.attach_embeddings(target.parts.embed)
+    return draft
+
+
 def copy_target_layer(layer: nn.Module, target_layers: nn.ModuleList, index: int) -> None:
     """Start the draft layer as target layer `index` (negative counts from the end).
 
@@ -245,13 +268,23 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
     if target_name is None:
         raise SpecwireError(f"{config.data_dirs[0]}: no manifest names the target.", fix="pass --target NAME_OR_PATH.")
     target = load_target(target_name, device=device, dtype=config.target_dtype)
+    if config.autocast and device.type == "cpu" and d.main:
+        from specwire.target.hardware import native_bf16
+
+        if not native_bf16():
+            # measured on an AVX2-only EPYC, 2 threads: 55 s per step against 5.5 s in fp32 (docs/MODEL_CARD.md)
+            log.warning("--autocast: this CPU has no native bf16 (AMX or AVX512-BF16), so bf16 is emulated and "
+                        "training runs several times slower than fp32; drop --autocast here.")
     data = load_run_data(config, target)
     if len(data.train) == 0:
         raise SpecwireError(f"{data.source}: the train split is empty.")
     hs_ids = list(data.wiring.hs_ids)
-    draft = build_draft(target, data.wiring, data.vocab_counts, draft_vocab_size=config.draft_vocab_size,
-                        norm_before_residual=config.norm_before_residual, init_lm_head=config.init_lm_head,
-                        seed=config.seed, device=device, init_layer=config.init_layer)
+    if config.init_draft is None:
+        draft = build_draft(target, data.wiring, data.vocab_counts, draft_vocab_size=config.draft_vocab_size,
+                            norm_before_residual=config.norm_before_residual, init_lm_head=config.init_lm_head,
+                            seed=config.seed, device=device, init_layer=config.init_layer)
+    else:
+        draft = warm_start_draft(config, target, data.wiring, source=data.source, device=device)
     heads = TargetHeads(target.parts.final_norm, target.parts.lm_head, draft.d2t, device=device)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,

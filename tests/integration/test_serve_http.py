@@ -206,8 +206,20 @@ def test_concurrent_clients_each_get_their_own_lossless_answer(server, tiny_llam
     for th in threads:
         th.join(60)
     assert results == refs
-    s = samples(server)
-    assert s["specwire_queue_depth"] == "0" and s["specwire_requests_running"] == "0"
+    assert settled(server)
+
+
+def settled(base, timeout: float = 10.0) -> bool:
+    """Queue and running gauges back at 0. The worker releases a request's slot just after its last text is
+    handed to the response, so a client can read /metrics a moment before that: poll, do not read once."""
+    end = time.monotonic() + timeout
+    while True:
+        s = samples(base)
+        if s["specwire_queue_depth"] == "0" and s["specwire_requests_running"] == "0":
+            return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
 
 
 def test_malformed_bodies_get_their_4xx_never_a_5xx_and_never_hang(plain_server):

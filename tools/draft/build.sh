@@ -23,6 +23,7 @@ EPOCHS=${EPOCHS:-2}
 LR=${LR:-1e-3}
 SI_SAMPLES=${SI_SAMPLES:-7680}  # self-instruct conversations stage 2 trains on (of 20,224): 960 steps, ~95 min on 2 cores
 SI_LR=${SI_LR:-1e-3}
+SI_STOP=${SI_STOP:-800}   # version 3 stopped its 960-step schedule here (a session's time box); its best validation ships
 THREADS=${THREADS:-2}
 mkdir -p "$RUN"
 
@@ -33,13 +34,17 @@ datagen() {  # datagen OUT PROMPTS BATCH [extra args]
     --batch-size "$batch" --dtype float32 --batching padded --threads "$THREADS" "$@" 2>>"$RUN/datagen.log"
 }
 
-ship() {  # ship SRC DST: the bf16 copy of a trained draft that ships (under 50 MB), its training record kept
-  "$BIN/python" - "$1" "$2" <<'PY'
+ship() {  # ship SRC DST [STATE]: the bf16 copy of a trained draft that ships (under 50 MB), its training record kept
+  # (STATE: the run's checkpoint state.json, whose config joins the record of a draft taken from OUT/best)
+  "$BIN/python" - "$@" <<'PY'
 import json, sys
 import torch
 from specwire.draft.checkpoint import load_draft, save_draft
-src, dst = sys.argv[1:]
+src, dst, *state = sys.argv[1:]
 training = json.load(open(f"{src}/config.json"))["specwire"].get("training")
+if state:
+    st = json.load(open(state[0]))
+    training = {**training, "config": st["config"], "stopped_at_step": st["step"], "schedule_steps": st["total_steps"]}
 save_draft(load_draft(src), dst, dtype=torch.bfloat16, extra={"training": training} if training else None,
            verifier_path="smollm2-135m")  # the built-in name, not this machine's path
 PY
@@ -79,14 +84,18 @@ snapshot_loop() {  # copy each new stage-2 checkpoint to $RUN/snaps/step-N: the 
 echo "[5/7] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
 snapshot_loop & SNAPSHOTS=$!
 trap 'kill $SNAPSHOTS 2>/dev/null' EXIT
-"$BIN/specwire" train --online --target smollm2-135m --data tools/draft/data/selfinstruct --init-draft "$RUN/stage1" \
-  --out "$RUN/train-si" --max-train-samples "$SI_SAMPLES" --ttt-steps 3 --epochs 1 --lr "$SI_LR" --batch-size 8 \
-  --eval-every 160 --save-every 160 --eval-max-samples 96 --select best --dtype float32 --threads "$THREADS" \
-  --json >"$RUN/train-si.json" 2>"$RUN/train-si.log"
+done_steps=$("$BIN/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$RUN/train-si/checkpoint/state.json" 2>/dev/null || echo 0)
+if [ "$done_steps" -lt "$SI_STOP" ]; then
+  "$BIN/specwire" train --online --target smollm2-135m --data tools/draft/data/selfinstruct --init-draft "$RUN/stage1" \
+    --out "$RUN/train-si" --max-train-samples "$SI_SAMPLES" --ttt-steps 3 --epochs 1 --lr "$SI_LR" --batch-size 8 \
+    --eval-every 160 --save-every 160 --eval-max-samples 96 --select best --dtype float32 --threads "$THREADS" \
+    --stop-after $((SI_STOP - done_steps)) --json >"$RUN/train-si.json" 2>>"$RUN/train-si.log"
+fi
+sleep 25  # the snapshot loop's last copy
 kill $SNAPSHOTS 2>/dev/null || true
 
 echo "[6/7] offline evaluation on the held-out answers, stage 1 and stage 2"
-for stage in stage1 train-si/draft; do
+for stage in stage1 train-si/best; do
   for set in mtbench humaneval; do
     "$BIN/specwire" eval --draft "$RUN/$stage" --data "$RUN/eval-$set" --split all --json >"$RUN/eval-${stage%%/*}-$set.json"
   done
@@ -96,4 +105,4 @@ cat "$RUN"/eval-*.json
   --eval humaneval="$RUN/eval-humaneval" --out "$RUN/learning-curve.json" --plot "$RUN/learning-curve.png"
 
 echo "[7/7] bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/assets/smollm2-135m-eagle3)"
-ship "$RUN/train-si/draft" "$RUN/ship"
+ship "$RUN/train-si/best" "$RUN/ship" "$RUN/train-si/checkpoint/state.json"

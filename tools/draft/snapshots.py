@@ -27,8 +27,8 @@ from specwire.training.evaluate import evaluate
 
 
 def snapshot_draft(run: Path, weights: Path):
-    """The run's final draft geometry (OUT/draft) holding a checkpoint's weights."""
-    draft = load_draft(run / "draft")
+    """The run's draft geometry (OUT/draft, or OUT/best of a run stopped early) holding a checkpoint's weights."""
+    draft = load_draft(run / "draft" if (run / "draft").is_dir() else run / "best")
     tensors = load_tensors(weights)
     draft.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, strict=True)
     return draft.eval()
@@ -56,10 +56,9 @@ def main(argv=None) -> int:
     from specwire.target.load import load_target
 
     evals = dict(e.split("=", 1) for e in args.eval)
-    meta = json.loads((args.run / "draft" / "config.json").read_text())["specwire"].get("training") or {}
-    config = meta.get("config") or {}
+    config = read_json(args.run / "checkpoint" / "state.json", what="training checkpoint state")["config"]
     target = load_target(config.get("target") or "smollm2-135m", device="cpu", dtype="float32")
-    curve = {p["step"]: p for p in (read_json(args.out, what="learning curve") if args.out.exists() else [])}
+    curve = {p["step"]: p for p in (json.loads(args.out.read_text()) if args.out.exists() else [])}
     points = []
     if config.get("init_draft"):
         points.append((0, None))
@@ -87,7 +86,7 @@ def plot(src: Path, png: Path, names: list[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curve = read_json(src, what="learning curve")
+    curve = json.loads(src.read_text())
     seen = [p["conversations_seen"] for p in curve]
     fig, (a0, a1) = plt.subplots(1, 2, figsize=(9, 3.4))
     for name in names:

@@ -102,7 +102,9 @@ for stage in stage1 train-si/best; do
 done
 cat "$RUN"/eval-*.json
 "$BIN/python" tools/draft/snapshots.py --run "$RUN/train-si" --snaps "$RUN/snaps" --eval mtbench="$RUN/eval-mtbench" \
-  --eval humaneval="$RUN/eval-humaneval" --out "$RUN/learning-curve.json" --plot "$RUN/learning-curve.png"
+  --eval humaneval="$RUN/eval-humaneval" --out "$RUN/learning-curve.json"
+"$BIN/python" tools/plot_learning_curve.py "$RUN/learning-curve.json" "$RUN/learning-curve.png" \
+  --xlabel "self-instruct conversations seen (0: the stage-1 draft)"
 
 echo "[7/7] bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/assets/smollm2-135m-eagle3)"
 ship "$RUN/train-si/best" "$RUN/ship" "$RUN/train-si/checkpoint/state.json"

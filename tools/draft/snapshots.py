@@ -9,7 +9,8 @@ draw accuracy against the number of conversations seen, copy `checkpoint/draft.s
 `state.json` to SNAPS/step-N each time the checkpoint changes (tools/draft/build.sh does), then run this:
 each snapshot's weights are loaded into the run's draft geometry and scored with `specwire eval`'s own
 `evaluate` on every held-out dump; the run's starting draft (`init_draft`, if any) is the step-0 point.
-The JSON is resumable (a snapshot already scored is kept) and written atomically; `--plot` draws it.
+The JSON is resumable (a snapshot already scored is kept) and written atomically;
+`tools/plot_learning_curve.py JSON PNG` draws it.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ def main(argv=None) -> int:
     ap.add_argument("--ttt-steps", type=int, default=5, help="unrolled steps scored (default: 5, as `eval`)")
     ap.add_argument("--max-samples", type=int, default=None, help="score the first N answers of each dump only")
     ap.add_argument("--out", type=Path, required=True, help="learning-curve JSON (resumable)")
-    ap.add_argument("--plot", type=Path, default=None, help="also draw the curve to this PNG")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -75,32 +75,7 @@ def main(argv=None) -> int:
         print(step, {k: round(curve[step][k]["predicted_accept_length"], 3) for k in evals}, flush=True)
         with atomic_path(args.out) as tmp:
             tmp.write_text(json.dumps([curve[s] for s in sorted(curve)], indent=1) + "\n")
-    if args.plot:
-        plot(args.out, args.plot, list(evals))
     return 0
-
-
-def plot(src: Path, png: Path, names: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    curve = json.loads(src.read_text())
-    seen = [p["conversations_seen"] for p in curve]
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(9, 3.4))
-    for name in names:
-        a0.plot(seen, [p[name]["step_accuracy"][0] for p in curve], marker="o", label=name)
-        a1.plot(seen, [p[name]["predicted_accept_length"] for p in curve], marker="o", label=name)
-    a0.set_ylabel("step-0 accuracy (held out)")
-    a1.set_ylabel("predicted chain accept length")
-    for ax in (a0, a1):
-        ax.set_xlabel("self-instruct conversations seen (0: the stage-1 draft)")
-        ax.legend()
-    fig.suptitle("held-out accuracy against training data")
-    fig.tight_layout()
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
 
 
 if __name__ == "__main__":

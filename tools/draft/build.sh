@@ -70,10 +70,14 @@ echo "[4/7] stage-2 data: the self-instruct conversations (complete in the repos
   --sample-batch 320 --answer-batch 128 --max-request-tokens 128 --max-new-tokens 128 --threads "$THREADS" \
   2>>"$RUN/selfinstruct.log"
 
+ckpt_step() {  # ckpt_step RUN_OUT: the step of its checkpoint (fails when there is none)
+  "$BIN/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$1/checkpoint/state.json" 2>/dev/null
+}
+
 snapshot_loop() {  # copy each new stage-2 checkpoint to $RUN/snaps/step-N: the learning curve's points
   local ck="$RUN/train-si/checkpoint" step
   while sleep 20; do
-    step=$("$BIN/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$ck/state.json" 2>/dev/null) || continue
+    step=$(ckpt_step "$RUN/train-si") || continue
     [ -d "$RUN/snaps/step-$step" ] && continue
     rm -rf "$RUN/snaps/tmp" && mkdir -p "$RUN/snaps/tmp"
     cp "$ck/state.json" "$ck/draft.safetensors" "$RUN/snaps/tmp/" 2>/dev/null || continue
@@ -84,7 +88,7 @@ snapshot_loop() {  # copy each new stage-2 checkpoint to $RUN/snaps/step-N: the 
 echo "[5/7] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
 snapshot_loop & SNAPSHOTS=$!
 trap 'kill $SNAPSHOTS 2>/dev/null' EXIT
-done_steps=$("$BIN/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$RUN/train-si/checkpoint/state.json" 2>/dev/null || echo 0)
+done_steps=$(ckpt_step "$RUN/train-si" || echo 0)
 if [ "$done_steps" -lt "$SI_STOP" ]; then
   "$BIN/specwire" train --online --target smollm2-135m --data tools/draft/data/selfinstruct --init-draft "$RUN/stage1" \
     --out "$RUN/train-si" --max-train-samples "$SI_SAMPLES" --ttt-steps 3 --epochs 1 --lr "$SI_LR" --batch-size 8 \

@@ -528,13 +528,19 @@ def test_the_final_draft_is_the_best_validation_or_the_last_step(dumps, tmp_path
         assert not same and meta["selected_step"] == 4 and done.val["predicted_accept_length"] < 9.0
 
 
-def test_max_train_samples_keeps_the_first_training_samples(dumps, tiny_llama_target, tmp_path):
+def test_train_sample_window_keeps_a_slice_of_the_training_samples(dumps, tiny_llama_target, tmp_path):
     from specwire.training.batches import load_run_data
 
     full = load_run_data(base_config(dumps["train"], tmp_path / "a"), tiny_llama_target)
     few = load_run_data(base_config(dumps["train"], tmp_path / "b", max_train_samples=7), tiny_llama_target)
     assert [s["index"] for s in few.train.samples] == [s["index"] for s in full.train.samples[:7]]
     assert len(few.val) == len(full.val) and torch.equal(few.vocab_counts, full.vocab_counts)
+    later = load_run_data(base_config(dumps["train"], tmp_path / "c", skip_train_samples=7, max_train_samples=5),
+                          tiny_llama_target)
+    assert [s["index"] for s in later.train.samples] == [s["index"] for s in full.train.samples[7:12]]
+    assert len(later.val) == len(full.val) and torch.equal(later.vocab_counts, full.vocab_counts)
+    with pytest.raises(SpecwireError, match="skip_train_samples is"):
+        load_run_data(base_config(dumps["train"], tmp_path / "d", skip_train_samples=len(full.train)), tiny_llama_target)
 
 
 def test_warm_start_continues_from_a_draft_and_refuses_a_misfit(dumps, tmp_path):

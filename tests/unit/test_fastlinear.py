@@ -1,4 +1,4 @@
-"""Pre-transposed linear layers: the same maths as nn.Linear, and lossless decoding on a swapped target."""
+"""Swapped linear layers (pre-transposed, rowdot): the same maths as nn.Linear, and lossless decoding on a swapped target."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
 from specwire.errors import SpecwireError
-from specwire.target.fastlinear import PretransposedLinear, is_pretransposed, pretranspose_linears
+from specwire.target.fastlinear import PretransposedLinear, is_pretransposed, linear_kind, pretranspose_linears
 from specwire.decode.plain import plain_generate
 from specwire.target.load import load_target
 
@@ -44,17 +44,19 @@ def test_swap_covers_every_linear_keeps_embeddings_and_logits():
         assert torch.equal(model.get_input_embeddings().weight, emb)
 
 
-@pytest.fixture(scope="module")
-def swapped(tmp_path_factory):
+@pytest.fixture(scope="module", params=["pretransposed", "rowdot"])
+def swapped(tmp_path_factory, request):
     folder = make_tiny_target_dir(tmp_path_factory.mktemp("fl-target"))
     plain_t = load_target(folder, device="cpu")
-    fast_t = load_target(folder, device="cpu", linear="pretransposed")
+    fast_t = load_target(folder, device="cpu", linear=request.param)
     return plain_t, fast_t, tmp_path_factory.mktemp("fl-draft")
 
 
 def test_swapped_target_keeps_its_identity_and_greedy_text(swapped):
     plain_t, fast_t, _ = swapped
-    assert is_pretransposed(fast_t.model) and not is_pretransposed(plain_t.model)
+    kind = linear_kind(fast_t.model)
+    assert kind in ("pretransposed", "rowdot") and linear_kind(plain_t.model) == "torch"
+    assert is_pretransposed(fast_t.model) == (kind == "pretransposed")
     assert fast_t.spec == plain_t.spec  # same fingerprint: no weight changed
     assert fast_t.parts.lm_head is fast_t.model.lm_head
     prompt = prompt_of(40, seed=1)
@@ -77,7 +79,7 @@ def test_speculation_on_a_swapped_target_is_lossless(swapped, tree):
 
 
 def test_unknown_linear_kind_is_refused(tmp_path):
-    with pytest.raises(SpecwireError, match="linear: expected one of torch, pretransposed, found 'packed'"):
+    with pytest.raises(SpecwireError, match="linear: expected one of torch, pretransposed, rowdot, found 'packed'"):
         load_target(make_tiny_target_dir(tmp_path), device="cpu", linear="packed")
 
 

@@ -1,7 +1,7 @@
 """Bitwise batch invariance: every row of a chain or tree verify pass equals single-step decoding.
 
 On tiny models of every supported architecture, in fp32 and bf16, and (slow) on the built-in target,
-through `decode.invariance.pass_invariance`: random prompts, chain and random-tree passes of every size
+with nn.Linear and (fp32) the compiled rowdot kernel, through `decode.invariance.pass_invariance`: random prompts, chain and random-tree passes of every size
 up to 17 (a root plus 16 draft tokens), each row compared bitwise with decoding its path one token at a
 time from the same cache. The negative control shows the check can fail: transformers' sdpa attention
 is not invariant on the built-in target in bf16.
@@ -19,10 +19,10 @@ from specwire.target.load import load_target
 SIZES = (1, 2, 3, 5, 8, 16, 17)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype,linear", [("float32", "torch"), ("bfloat16", "torch"), ("float32", "rowdot")])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_tiny_passes_are_bitwise_single_steps(tiny_target, arch, dtype):
-    target = load_target(tiny_target(arch), device="cpu", dtype=dtype)
+def test_tiny_passes_are_bitwise_single_steps(tiny_target, arch, dtype, linear):
+    target = load_target(tiny_target(arch), device="cpu", dtype=dtype, linear=linear)
     prompts = [prompt_of(n, seed=n) for n in (5, 37, 70)]  # the last one crosses a 64-key chunk boundary
     rep = pass_invariance(target, prompts, sizes=SIZES, seed=1)
     assert rep.ok, f"{arch} {dtype}: {rep.equal}/{rep.rows} rows equal; first failures {rep.failures[:5]}"
@@ -44,13 +44,13 @@ def test_sliding_window_prefix_falls_back_without_error(tiny_target):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_builtin_target_passes_are_bitwise_single_steps(dtype):
-    target = load_target("smollm2-135m", device="cpu", dtype=dtype)
+@pytest.mark.parametrize("dtype,linear", [("float32", "torch"), ("bfloat16", "torch"), ("float32", "rowdot")])
+def test_builtin_target_passes_are_bitwise_single_steps(dtype, linear):
+    target = load_target("smollm2-135m", device="cpu", dtype=dtype, linear=linear)
     prompts = [target.encode_chat("Write a short poem about the sea and the wind."),
                target.encode_chat("def fib(n):\n    '''Return the n-th Fibonacci number.'''\n" * 3)]
     rep = pass_invariance(target, prompts, sizes=(1, 2, 6, 16, 17))
-    assert rep.ok, f"{dtype}: {rep.equal}/{rep.rows}; {rep.failures[:5]}"
+    assert rep.ok, f"{dtype}/{linear}: {rep.equal}/{rep.rows}; {rep.failures[:5]}"
 
 
 @pytest.mark.slow

@@ -46,7 +46,7 @@ from specwire.target.hardware import cpu_features, cpu_model
 def machine_info(device: torch.device, dtype: torch.dtype, model: torch.nn.Module | None = None) -> dict[str, Any]:
     import transformers
 
-    from specwire.target.fastlinear import is_pretransposed, linear_min_rows
+    from specwire.target.fastlinear import linear_kind, linear_min_rows
 
     info = {
         "torch": torch.__version__,
@@ -60,7 +60,7 @@ def machine_info(device: torch.device, dtype: torch.dtype, model: torch.nn.Modul
         "dtype": str(dtype).replace("torch.", ""),
     }
     if model is not None:  # what the target's linear layers actually run (the config may ask for what CUDA skips)
-        info["linear"] = "pretransposed" if is_pretransposed(model) else "torch"
+        info["linear"] = linear_kind(model)
         info["linear_min_rows"] = linear_min_rows(model)
         info["attention"] = getattr(model.config, "_attn_implementation", None)
     if device.type == "cuda":

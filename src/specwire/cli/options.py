@@ -157,10 +157,12 @@ def add_model_options(p: argparse.ArgumentParser, *, target: bool = True, draft:
                        help="weights dtype (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     if linear:
-        p.add_argument("--linear", default="auto", choices=["auto", "torch", "pretransposed"],
+        p.add_argument("--linear", default="auto", choices=["auto", "torch", "pretransposed", "rowdot"],
                        help="the target's linear layers on CPU: 'torch' keeps nn.Linear; 'pretransposed' stores W.T "
-                            "contiguously; 'auto' (default) picks with --dtype auto's measurement "
-                            "(every method of a bench run shares the same target)")
+                            "contiguously; 'rowdot' (float32, x86-64 with AVX2, built with the C compiler on first "
+                            "use) computes every row in one fixed order, so it needs no row padding; 'auto' "
+                            "(default) picks with --dtype auto's measurement (every method of a bench run shares "
+                            "the same target)")
 
 
 def add_draft_mode_option(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,8 @@
 """Hardware-aware defaults: which dtype and linear kernel a decoding target runs, and its cost curve.
 
-Scope: the candidate kernels for this machine (`candidate_kernels`: fp32 always; bf16 only where the CPU
-has native bf16 arithmetic, AMX or AVX512-BF16, or on CUDA), profiling a candidate (its linear row
+Scope: the candidate kernels for this machine (`candidate_kernels`: fp32 always, with `torch`, `pretransposed`
+and, where `target.rowdot` runs, `rowdot` linear layers; bf16 only where the CPU has native bf16 arithmetic,
+AMX or AVX512-BF16, or on CUDA), profiling a candidate (its linear row
 padding, a bitwise check of chain and tree passes against single steps, and its pass-cost curve),
 `default_kernel` (the fastest candidate that passed the check, measured once per machine and cached by
 `target.hardware`), `resolve_kernel` for `--dtype auto` / `--linear auto`, and `cost_curve` for a loaded
@@ -34,16 +35,23 @@ INVARIANCE_SIZES = (2, 17)  # pass sizes of the profile's bitwise check (chain a
 
 def kernel_of(target: Target) -> KernelChoice:
     """The kernel a loaded target runs."""
-    from specwire.target.fastlinear import is_pretransposed
+    from specwire.target.fastlinear import linear_kind
 
-    return KernelChoice(str(target.dtype).replace("torch.", ""), "pretransposed" if is_pretransposed(target.model) else "torch")
+    return KernelChoice(str(target.dtype).replace("torch.", ""), linear_kind(target.model))
 
 
 def candidate_kernels(device: str = "cpu", features: dict[str, bool] | None = None) -> list[KernelChoice]:
-    """fp32 always; bf16 where the hardware computes it natively."""
+    """fp32 always (with the compiled rowdot kernel where it runs); bf16 where the hardware computes it natively."""
+    from specwire.target.rowdot import available
+
     if device.startswith("cuda"):
         return [KernelChoice("bfloat16"), KernelChoice("float32")]
     out = [KernelChoice("float32"), KernelChoice("float32", "pretransposed")]
+    ok, why = available()
+    if ok:
+        out.append(KernelChoice("float32", "rowdot"))
+    else:
+        log.info("float32/rowdot is not a candidate here: %s", why)
     if native_bf16(features):
         out += [KernelChoice("bfloat16"), KernelChoice("bfloat16", "pretransposed")]
     return out

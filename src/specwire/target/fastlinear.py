@@ -1,7 +1,8 @@
 """Pre-transposed linear layers: cheaper multi-token passes of the target on CPU.
 
-Scope: the `PretransposedLinear` and `RowPaddedLinear` modules, and `pretranspose_linears` /
-`pad_linear_rows`, which swap a model's `nn.Linear` layers for them in place. Does not own model loading
+Scope: the `PretransposedLinear`, `RowDotLinear` and `RowPaddedLinear` modules, and `pretranspose_linears`
+/ `rowdot_linears` / `pad_linear_rows`, which swap a model's `nn.Linear` layers for them in place, and
+`linear_kind`, which names what a model runs. Does not own model loading
 (`target.load`), the invariance check (`target.invariance`) or timing (`tools/verify_cost.py`).
 
 Why: `nn.Linear` computes x @ W.T with W stored [out, in]. On CPU, torch's GEMM path for a few rows
@@ -14,6 +15,11 @@ target that every method shares, so the comparison stays fair.
 
 Output is the same maths in another summation order: logits agree with `nn.Linear` to float rounding,
 not bitwise. Losslessness is always judged against greedy decoding of the same (swapped) target.
+
+RowDot (`--linear rowdot`, float32 on x86-64 CPUs with AVX2): nn.Linear's maths through the compiled
+kernel of `target.rowdot`, in which every output is one fixed chain of operations whatever the row
+count. Its products are row-invariant by construction, so they need no row padding, and a one-token
+step keeps the cost of a matrix-vector product.
 
 Row padding: a CPU GEMM library picks its kernel by the number of rows, and works through the rows in
 blocks. A one-row product (a matrix-vector kernel), or the leftover rows after the last whole block,
@@ -50,6 +56,8 @@ def product_key(m: nn.Module) -> str | None:
 
     if isinstance(m, PretransposedLinear):
         return f"t:{m.in_features}x{m.out_features}"
+    if isinstance(m, RowDotLinear):
+        return f"rowdot:{m.out_features}x{m.in_features}"
     if isinstance(m, (nn.Linear, RowPaddedLinear)):
         return f"linear:{m.out_features}x{m.in_features}"
     if isinstance(m, (Conv1D, RowPaddedConv1D)):
@@ -187,6 +195,46 @@ class PretransposedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class RowDotLinear(nn.Module):
+    """nn.Linear's maths (same weight and bias Parameters, shared not copied) through `target.rowdot`: float32
+    rows that are bitwise independent of the rows beside them. With autograd on, or with `stock` set (the
+    `invariance.stock_kernels` baseline), it runs F.linear instead."""
+
+    stock = False
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
+        if self.stock or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+            return F.linear(x, self.weight, self.bias)
+        from specwire.target.rowdot import rowdot
+
+        return rowdot(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def rowdot_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear under `model` by a `RowDotLinear` (sharing its Parameters, so tied weights stay
+    tied); returns how many were swapped. The caller checks `target.rowdot.available()` first."""
+    swaps = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and name]
+    for name, linear in swaps:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, RowDotLinear(linear))
+    return len(swaps)
+
+
+def linear_kind(model: nn.Module) -> str:
+    """What the model's linear layers run: "rowdot", "pretransposed" or "torch" (`target.load.LINEAR_KINDS`)."""
+    kinds = {type(m) for m in model.modules()}
+    return "rowdot" if RowDotLinear in kinds else "pretransposed" if PretransposedLinear in kinds else "torch"
+
+
 def pretranspose_linears(model: nn.Module, *, skip: tuple[str, ...] = ()) -> int:
     """Replace every nn.Linear under `model` (except names starting with a `skip` prefix) in place.
 
@@ -213,7 +261,8 @@ def pad_linear_rows(model: nn.Module, min_rows: int | Mapping[str, int]) -> int:
     largest). nn.Linear layers become `RowPaddedLinear` and GPT-2's Conv1D `RowPaddedConv1D` (sharing their
     Parameters, so tied weights stay tied); mixture-of-experts routers are wrapped in `RowPaddedRouter`, and
     experts modules run `padded_experts_forward` (registered with transformers' ExpertsInterface);
-    `PretransposedLinear` layers get the attribute. A count of 1 swaps nothing new.
+    `PretransposedLinear` layers get the attribute; `RowDotLinear` layers need none and are left alone. A
+    count of 1 swaps nothing new.
     """
     from transformers.pytorch_utils import Conv1D
 
@@ -224,6 +273,8 @@ def pad_linear_rows(model: nn.Module, min_rows: int | Mapping[str, int]) -> int:
 
     n, experts = 0, False
     for name, m in list(model.named_modules()):
+        if isinstance(m, RowDotLinear):  # row-invariant by construction: padding would only cost
+            continue
         r = rows_for(m)
         if isinstance(m, (PretransposedLinear, RowPadded)):
             m.min_rows = r

@@ -87,7 +87,7 @@ class KernelChoice:
     """How the target computes: its weights' dtype and its linear layers (`target.load.LINEAR_KINDS`)."""
 
     dtype: str  # "float32" | "bfloat16"
-    linear: str = "torch"  # "torch" | "pretransposed"
+    linear: str = "torch"  # "torch" | "pretransposed" | "rowdot"
 
     @property
     def name(self) -> str:

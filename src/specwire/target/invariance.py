@@ -29,7 +29,9 @@ def _products(model: nn.Module) -> list[tuple[str, int, object]]:
     pre-transposed ones, GPT-2's Conv1D, mixture-of-experts routers (fp32) and experts (up and down)."""
     from transformers.pytorch_utils import Conv1D
 
-    from specwire.target.fastlinear import RowPaddedConv1D, RowPaddedRouter, _is_router, _pads_experts, product_key
+    from specwire.target.fastlinear import (RowDotLinear, RowPaddedConv1D, RowPaddedRouter, _is_router, _pads_experts,
+                                            product_key)
+    from specwire.target.rowdot import rowdot
 
     seen, out = set(), []
 
@@ -45,6 +47,8 @@ def _products(model: nn.Module) -> list[tuple[str, int, object]]:
             continue
         if isinstance(m, PretransposedLinear):
             add(key, m.weight_t, lambda x, w, b: x @ w if b is None else x @ w + b, m.weight_t.shape[0], m.bias)
+        elif isinstance(m, RowDotLinear):
+            add(key, m.weight, rowdot, m.weight.shape[1], m.bias)
         elif isinstance(m, (Conv1D, RowPaddedConv1D)):
             add(key, m.weight, lambda x, w, b: torch.addmm(b, x, w), m.weight.shape[0], m.bias)
         elif isinstance(m, RowPaddedRouter) or _is_router(m):
@@ -93,21 +97,26 @@ def _rows_invariant(fn, x: torch.Tensor, r: int, padded_rows) -> bool:
 
 @contextmanager
 def stock_kernels(model: nn.Module):
-    """For the duration: transformers' sdpa attention and no linear row padding (the `hf-generate` baseline,
-    which should be what a user of transformers gets). Restored on exit."""
+    """For the duration: transformers' sdpa attention, no linear row padding and F.linear for rowdot layers (the
+    `hf-generate` baseline, which should be what a user of transformers gets). Restored on exit."""
     impl = getattr(model.config, "_attn_implementation", None)
-    from specwire.target.fastlinear import _pads_experts
+    from specwire.target.fastlinear import RowDotLinear, _pads_experts
 
     padded = [(m, getattr(m, "min_rows", 1)) for m in model.modules()
               if isinstance(m, (RowPadded, PretransposedLinear)) or _pads_experts(m)]
+    rowdot = [m for m in model.modules() if isinstance(m, RowDotLinear)]
     try:
         if impl != "sdpa":
             model.set_attn_implementation("sdpa")
         for m, _ in padded:
             m.min_rows = 1
+        for m in rowdot:
+            m.stock = True
         yield model
     finally:
         for m, r in padded:
             m.min_rows = r
+        for m in rowdot:
+            m.stock = False
         if impl is not None and impl != "sdpa":
             model.set_attn_implementation(impl)

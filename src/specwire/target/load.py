@@ -311,7 +311,7 @@ class Target:
         return self.tokenizer(text)["input_ids"]
 
 
-LINEAR_KINDS = ("torch", "pretransposed")  # how a target's linear layers compute (see `fastlinear`)
+LINEAR_KINDS = ("torch", "pretransposed", "rowdot")  # how a target's linear layers compute (see `fastlinear`)
 ATTENTION_KINDS = ("invariant", "sdpa")  # batch-invariant (`attention`, the default) or torch's sdpa
 
 
@@ -327,7 +327,9 @@ def load_target(
     """Load a target offline; refuses non-causal models and unreadable weights with a clear error.
 
     linear="pretransposed" swaps the nn.Linear layers for `fastlinear.PretransposedLinear` on CPU (cheaper
-    multi-token passes; see that module). It changes no weight, so the fingerprint is the same.
+    multi-token passes; see that module); linear="rowdot" for `fastlinear.RowDotLinear` (float32 on an x86-64
+    CPU with AVX2: row-invariant by construction, refused with the reason where it cannot run). Neither changes
+    a weight, so the fingerprint is the same.
     attention="invariant" (the default) makes a T-token pass give each row bitwise the logits of a one-token
     step (`target.attention`), and pads the linear layers' products to `min_rows` rows (None: the padding
     measured for this machine, dtype and kernel by `invariance.rows_needed`, cached under
@@ -346,6 +348,13 @@ def load_target(
         safetensors_header(f)
     device = torch.device(device or default_device())
     dtype = parse_dtype(dtype)
+    if linear == "rowdot":
+        from specwire.target.rowdot import require
+
+        if device.type != "cpu" or dtype != torch.float32:
+            raise SpecwireError(f"--linear rowdot is a float32 CPU kernel; found dtype {str(dtype).replace('torch.', '')} "
+                                f"on {device.type}. Use --linear torch (or auto) there.")
+        require()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -361,6 +370,10 @@ def load_target(
         from specwire.target.fastlinear import pretranspose_linears
 
         pretranspose_linears(model)
+    if linear == "rowdot":
+        from specwire.target.fastlinear import rowdot_linears
+
+        rowdot_linears(model)
     fingerprint = target_fingerprint(model, _num_layers(config))
     if attention == "invariant":
         _make_invariant(model, fingerprint, device, dtype, linear, min_rows)
@@ -383,14 +396,14 @@ def _make_invariant(model: nn.Module, fingerprint: str, device: torch.device, dt
                     min_rows: int | None) -> None:
     """Batch-invariant attention, and the linear row padding this machine needs (measured once, cached)."""
     from specwire.target.attention import use_invariant_attention
-    from specwire.target.fastlinear import is_pretransposed, pad_linear_rows
+    from specwire.target.fastlinear import linear_kind, pad_linear_rows
     from specwire.target.hardware import CacheKey, read_cache, write_cache
     from specwire.target.invariance import rows_needed
 
     use_invariant_attention(model)
     rows: int | dict[str, int] | None = min_rows
     if rows is None:
-        kernel = f"{str(dtype).replace('torch.', '')}/{'pretransposed' if is_pretransposed(model) else 'torch'}"
+        kernel = f"{str(dtype).replace('torch.', '')}/{linear_kind(model)}"
         key = CacheKey.here(fingerprint, device.type)
         rows = read_cache(key, specwire_home()).min_rows.get(kernel)
         if not isinstance(rows, dict):

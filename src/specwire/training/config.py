@@ -48,6 +48,7 @@ class TrainConfig:
     epochs: float = 1.0  # passes over the train split (fractions allowed)
     max_steps: int | None = None  # cap on optimizer steps (changes the schedule's length)
     max_train_samples: int | None = None  # train on the first N samples of the train split only (learning curves, ablations)
+    skip_train_samples: int = 0  # skip the first N samples of the train split (a later stage continues on samples an earlier one never saw)
     batch_size: int = 8  # samples per optimizer step, over all ranks (the global batch)
     batch_tokens: int = 8192  # max padded tokens per forward pass on one rank (larger batches accumulate)
     max_length: int = 2048  # samples are truncated to this many tokens
@@ -85,6 +86,8 @@ class TrainConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v <= 0):
                 raise SpecwireError(f"TrainConfig.{name}: expected a positive integer or None, found {v!r}.")
+        if not isinstance(self.skip_train_samples, int) or isinstance(self.skip_train_samples, bool) or self.skip_train_samples < 0:
+            raise SpecwireError(f"TrainConfig.skip_train_samples: expected an integer >= 0, found {self.skip_train_samples!r}.")
         if self.eval_every < 0:
             raise SpecwireError(f"TrainConfig.eval_every: expected >= 0, found {self.eval_every}.")
         if not self.epochs > 0:

@@ -1,0 +1,131 @@
+"""The compiled row-invariant float32 product behind `--linear rowdot`: build, load, call.
+
+Scope: building `rowdot.c` (beside this file) into a shared library on first use, cached under
+`$SPECWIRE_HOME/kernels` by a hash of the source, flags and compiler; loading it with ctypes; `available`
+(can this machine run it, and if not, why); `rowdot` (x @ W.T + b through it). Does not own the module
+that swaps a model's linear layers (`fastlinear.RowDotLinear`) nor the choice of kernel (`decode.kernels`).
+
+Why: speculation is lossless only if a T-token verify pass gives each row bitwise the logits of a
+one-token step. A BLAS library picks its kernel and its blocking of the inner dimension by the number
+of rows, so a row's sum changes with the rows beside it; padding every product to a fixed row multiple
+restores invariance but turns each one-token step into a small matrix product, which on a CPU without
+native bf16 costs about 1.5x the matrix-vector product it replaces. The kernel in `rowdot.c` computes
+every output as one fixed chain of fused multiply-adds (its header says which), so it needs no padding,
+and it reads each weight row once for a block of rows, so a pass of a few rows costs about one read of
+the weights. Needs: x86-64 with AVX2 and FMA, a C compiler (`$CC`, else `cc` or `gcc`), OpenMP.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from specwire.errors import SpecwireError
+
+log = logging.getLogger("specwire")
+SOURCE = Path(__file__).with_name("rowdot.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared")  # no -ffast-math: the order is the point
+ABI = 1  # `specwire_rowdot_abi()` of the source this module calls
+
+
+def compiler() -> str | None:
+    """The C compiler to build with: $CC, else cc or gcc on PATH."""
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_ok() -> str | None:
+    from specwire.target.hardware import cpu_features
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"it is written for x86-64 and this machine is {platform.machine()}"
+    f = cpu_features()
+    missing = [name for name in ("avx2", "fma") if not f.get(name)]
+    return f"this CPU lacks {' and '.join(missing)}" if missing else None
+
+
+@lru_cache(maxsize=1)
+def _library() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, "") or (None, why not). Built once per source/flags/compiler, atomically."""
+    from specwire.safeio import atomic_path
+    from specwire.target.load import specwire_home
+
+    why = _cpu_ok()
+    if why:
+        return None, why
+    cc = compiler()
+    if cc is None:
+        return None, "no C compiler was found (set CC, or install gcc)"
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"the C compiler {cc} does not run ({e})"
+    digest = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, cc, *version]).encode()).hexdigest()[:16]
+    lib_path = specwire_home() / "kernels" / f"rowdot-{digest}.so"
+    if not lib_path.is_file():
+        log.info("building the rowdot kernel with %s (once; cached as %s)", cc, lib_path)
+        try:
+            with atomic_path(lib_path) as tmp:
+                done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True,
+                                      timeout=300)
+                if done.returncode != 0:
+                    raise RuntimeError((done.stderr.strip().splitlines() or ["no message"])[-1])
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+            return None, f"{cc} could not build {SOURCE.name} ({e})"
+    try:
+        lib = ctypes.CDLL(str(lib_path))
+    except OSError as e:
+        return None, f"{lib_path} does not load ({e})"
+    if lib.specwire_rowdot_abi() != ABI:
+        return None, f"{lib_path} has another interface version than this specwire"
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.specwire_rowdot_f32.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
+    lib.specwire_rowdot_f32.restype = None
+    return lib, ""
+
+
+def available() -> tuple[bool, str]:
+    """(True, "") if this machine runs the kernel, else (False, why not: CPU, compiler or build)."""
+    lib, why = _library()
+    return lib is not None, why
+
+
+def require() -> None:
+    """Raise a SpecwireError that says why, when the kernel cannot run here."""
+    ok, why = available()
+    if not ok:
+        raise SpecwireError(f"--linear rowdot: the compiled row-invariant kernel cannot run here: {why}. "
+                            "Use --linear torch (or auto).")
+
+
+def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N], float32 on CPU, each row bitwise independent
+    of how many rows the call holds. No autograd: for inference passes only."""
+    lib, why = _library()
+    if lib is None:
+        raise SpecwireError(f"the rowdot kernel cannot run here: {why}.")
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":
+        raise SpecwireError(f"rowdot: expected float32 tensors on CPU, found {x.dtype} on {x.device} "
+                            f"with a {weight.dtype} weight.")
+    N, K = weight.shape
+    if x.shape[-1] != K:
+        raise SpecwireError(f"rowdot: expected inputs of width {K}, found {x.shape[-1]}.")
+    flat = x.reshape(-1, K).contiguous()  # shape: [M, K]
+    w = weight.contiguous()
+    b = None if bias is None else bias.contiguous()
+    y = torch.empty(flat.shape[0], N, dtype=torch.float32)  # shape: [M, N]
+    if flat.shape[0]:
+        lib.specwire_rowdot_f32(flat.data_ptr(), flat.shape[0], K, w.data_ptr(), N,
+                                None if b is None else b.data_ptr(), y.data_ptr(), torch.get_num_threads())
+    return y.reshape(*x.shape[:-1], N)

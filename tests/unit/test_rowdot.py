@@ -1,0 +1,103 @@
+"""The compiled row-invariant product (`target.rowdot`, `--linear rowdot`).
+
+Every row of a product is bitwise the row a one-row product gives, for every row count and at every
+place among the rows, with and without bias, for widths that do and do not fill its 32-wide steps; the
+values are nn.Linear's to float rounding; a model swapped to it gives nn.Linear's logits to rounding and
+runs F.linear under autograd and in the stock baseline; and where it cannot run, asking for it is
+refused with the reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specwire.errors import SpecwireError
+from specwire.target import rowdot as rowdot_mod
+from specwire.target.fastlinear import RowDotLinear, linear_kind
+from specwire.target.invariance import rows_needed, stock_kernels
+from specwire.target.load import load_target
+from specwire.target.rowdot import rowdot
+
+
+@pytest.mark.parametrize("n,k,bias", [(96, 64, False), (37, 100, True), (5, 7, True), (300, 576, False)])
+def test_rows_are_bitwise_independent_of_the_rows_beside_them(n, k, bias):
+    g = torch.Generator().manual_seed(n * k)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    x = torch.randn(17, k, generator=g) * 3
+    single = [rowdot(x[i:i + 1], w, b)[0] for i in range(17)]
+    for m in range(1, 18):
+        y = rowdot(x[:m], w, b)
+        assert all(torch.equal(y[i], single[i]) for i in range(m)), f"M={m}"
+    y = rowdot(x[3:11], w, b)  # a row keeps its result wherever it sits
+    assert all(torch.equal(y[i], single[3 + i]) for i in range(8))
+    torch.testing.assert_close(rowdot(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+def test_threads_do_not_change_a_row():
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(257, 96, generator=g), torch.randn(5, 96, generator=g)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = rowdot(x, w)
+        torch.set_num_threads(2)
+        two = rowdot(x, w)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_batched_and_strided_inputs_keep_their_shape():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(24, 40, generator=g)
+    x = torch.randn(2, 3, 80, generator=g)[..., ::2]  # a strided view, [2, 3, 40]
+    y = rowdot(x, w)
+    assert y.shape == (2, 3, 24)
+    torch.testing.assert_close(y, x @ w.T, rtol=1e-5, atol=1e-5)
+    assert rowdot(torch.empty(0, 40), w).shape == (0, 24)
+    with pytest.raises(SpecwireError, match="expected inputs of width 40, found 39"):
+        rowdot(torch.randn(2, 39), w)
+    with pytest.raises(SpecwireError, match="expected float32"):
+        rowdot(x.bfloat16(), w)
+
+
+def test_a_rowdot_model_matches_nn_linear_and_needs_no_padding(tiny_target):
+    path = tiny_target("llama")
+    ref = load_target(path, device="cpu", dtype="float32", attention="sdpa")
+    fast = load_target(path, device="cpu", dtype="float32", linear="rowdot")
+    assert linear_kind(fast.model) == "rowdot" and linear_kind(ref.model) == "torch"
+    assert rows_needed(fast.model) == {k: 1 for k in rows_needed(fast.model)}
+    assert all(k.startswith("rowdot:") for k in rows_needed(fast.model))
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+    with torch.no_grad():
+        a, b = ref.model(input_ids=ids).logits, fast.model(input_ids=ids).logits
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        layer = next(m for m in fast.model.modules() if isinstance(m, RowDotLinear))
+        x = torch.randn(3, layer.in_features)
+        with stock_kernels(fast.model):  # the hf-generate baseline runs F.linear
+            assert layer.stock and torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+        assert not layer.stock
+    x = torch.randn(2, layer.in_features, requires_grad=True)
+    layer(x).sum().backward()  # autograd: F.linear's backward
+    assert x.grad is not None
+
+
+def test_refused_with_the_reason_where_it_cannot_run(tiny_target, monkeypatch):
+    path = tiny_target("llama")
+    with pytest.raises(SpecwireError, match="float32 CPU kernel; found dtype bfloat16"):
+        load_target(path, device="cpu", dtype="bfloat16", linear="rowdot")
+    monkeypatch.setattr(rowdot_mod, "compiler", lambda: None)
+    rowdot_mod._library.cache_clear()
+    try:
+        assert rowdot_mod.available() == (False, "no C compiler was found (set CC, or install gcc)")
+        with pytest.raises(SpecwireError, match="cannot run here: no C compiler was found"):
+            load_target(path, device="cpu", dtype="float32", linear="rowdot")
+        from specwire.decode.kernels import candidate_kernels
+        assert all(k.linear != "rowdot" for k in candidate_kernels("cpu"))
+    finally:
+        monkeypatch.undo()
+        rowdot_mod._library.cache_clear()
+    assert rowdot_mod.available()[0]

@@ -2,7 +2,8 @@
 
 Speculation pays when verifying T drafted tokens costs little more than decoding one. This measures that
 curve on the machine at hand, T = 1..17, for each kernel `--dtype auto` considers (fp32 always, bf16 where
-the CPU computes it natively; nn.Linear or pre-transposed weights), each in two forms:
+the CPU computes it natively; nn.Linear, pre-transposed weights, or the compiled rowdot kernel where it
+builds), each in two forms (rowdot only in the first: its stock form is nn.Linear's):
   - invariant: the batch-invariant attention and the linear row padding measured for this machine
     (what decoding runs: passes bitwise equal to single steps);
   - stock: transformers' sdpa and no padding (what `hf-generate` runs; not invariant).
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     curves, rows = {}, {}
     for kernel in candidate_kernels("cpu"):
-        for form in ("invariant", "stock"):
+        for form in ("invariant",) if kernel.linear == "rowdot" else ("invariant", "stock"):
             attention = "invariant" if form == "invariant" else "sdpa"
             t = load_target(args.target, device="cpu", dtype=kernel.dtype, linear=kernel.linear, attention=attention,
                             min_rows=None if form == "invariant" else 1)

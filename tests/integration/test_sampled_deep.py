@@ -1,9 +1,10 @@
 r"""Sampled speculative decoding keeps the target's distribution at a *deep* draft node (depth 5), through
-the whole engine, with the shipped draft on the built-in target; and the test catches a wrong q there.
+the whole engine, with a fixed draft (version 2 of the shipped one) on the built-in target; and the test
+catches a wrong q there.
 
 The depth-1 tests (tests/integration/test_engine.py, tests/unit/test_verify.py) compare a joint law of two
 tokens. A mistake in the draft probability q used at depth 5 only shows in rounds that reach depth 5, so
-this test looks there. The shipped draft is weak (live accept length about 1.5), so the prefix is chosen
+this test looks there. That draft is weak (live accept length about 1.5), so the prefix is chosen
 where it is strong: the prompt asks for a Python sum function and the target's own greedy answer so far,
 "```python\ndef sum_list(numbers):\n    return sum(numbers", is appended. The next tokens
 (")", "\n", "```", "\n", "\n", then the first word after the code block) are: the prefill's token, four
@@ -36,6 +37,8 @@ deep 0.91, 0.89, controls 6.3e-20, 1.0e-18. ALPHA = 1e-4 lies orders of magnitud
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -45,6 +48,11 @@ from specwire.decode import engine
 from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
 from specwire.decode.sampling import SamplingParams, logits_to_probs, make_generator
 
+# The engine is under test, not the draft: the prefix below was chosen for this draft (version 2 of the shipped
+# one, kept here unchanged), which is confident for four tokens and leaves the target's fifth uncertain. A later
+# draft takes other paths there (version 3 reaches depth 5 on 38% of rounds, not 75%, and on the rounds that do,
+# the target's fifth token is near-certain, so no wrong q at depth 5 could show), so the test keeps its own.
+DRAFT = Path(__file__).resolve().parents[1] / "assets" / "smollm2-135m-eagle3-v2"
 PARAMS = SamplingParams(temperature=0.7, top_k=4)
 DEPTH = 5  # the deep node under test
 NEW_TOKENS = DEPTH + 2  # the prefill's token, then one pass of depth 5 (and its bonus token)
@@ -60,7 +68,7 @@ def setup():
     from specwire.target.load import load_target
 
     target = load_target("smollm2-135m", device="cpu")
-    draft = load_engine_draft("smollm2-135m-eagle3", target)
+    draft = load_engine_draft(str(DRAFT), target)
     answer = target.tokenizer.encode(ANSWER_SO_FAR, add_special_tokens=False)
     return target, draft, target.encode_chat(PROMPT) + answer
 

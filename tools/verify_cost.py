@@ -53,7 +53,7 @@ def main(argv=None) -> int:
             if form == "invariant":  # what `--dtype auto` would measure: cache it for the decoding commands
                 from specwire.decode.kernels import _check
                 from specwire.target.hardware import CacheKey, write_cache
-                from specwire.target.load import specwire_home
+                from specwire.safeio import specwire_home
 
                 c.invariant = _check(t)
                 curves[kernel.name] = c

@@ -1,6 +1,6 @@
 """Safe, atomic file input and output.
 
-Owns: atomic writes (temp file or folder, then rename), append-only JSONL logs (one fsynced line per
+Owns: the cache root every cache lives under (`specwire_home`), atomic writes (temp file or folder, then rename), append-only JSONL logs (one fsynced line per
 record; a partial last line left by a crash is cut on resume), JSON reading with clear errors, and
 safetensors reading that validates the header before trusting it. Nothing here unpickles: untrusted
 files stay data. Does not know what any file means; callers validate fields.
@@ -31,6 +31,11 @@ _DTYPE_BYTES = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
     "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8,
 }
+
+
+def specwire_home() -> Path:
+    """Cache root (SPECWIRE_HOME, default ~/.cache/specwire)."""
+    return Path(os.environ.get("SPECWIRE_HOME", Path.home() / ".cache" / "specwire")).expanduser()
 
 
 @contextlib.contextmanager

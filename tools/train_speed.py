@@ -22,7 +22,7 @@ import torch
 
 from specwire.decode.kernels import describe_features
 from specwire.safeio import write_json, write_text
-from specwire.target.hardware import cpu_model
+from specwire.target.cpu import cpu_model
 from specwire.training.config import TrainConfig
 from specwire.training.trainer import train
 

@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = f"python tools/verify_cost.py --threads {args.threads} --context {args.context} --reps {args.reps} --out {args.out}"
-    from specwire.target.hardware import cpu_model
+    from specwire.target.cpu import cpu_model
 
     cpu = f"{cpu_model()} ({describe_features()})"
     write_json(out / "results.json", {"tokens": SHOWN, "curves": {n: c.to_dict() for n, c in rows.items()},

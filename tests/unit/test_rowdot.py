@@ -13,7 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import random_tiny_draft
 from specwire.errors import SpecwireError
+from specwire.target import attention
 from specwire.target import rowdot as rowdot_mod
 from specwire.target.fastlinear import RowDotLinear, linear_kind
 from specwire.target.invariance import rows_needed, stock_kernels
@@ -102,7 +104,28 @@ def test_refused_with_the_reason_where_it_cannot_run(tiny_target, monkeypatch):
             load_target(path, device="cpu", dtype="float32", linear="rowdot")
         from specwire.decode.kernels import candidate_kernels
         assert all(k.linear != "rowdot" for k in candidate_kernels("cpu"))
+        plain = load_target(path, device="cpu", dtype="float32")  # the attention falls back to its torch form
+        spy = []
+        monkeypatch.setattr(attention, "compiled_attention", lambda *a, **kw: spy.append(1))
+        with torch.no_grad():
+            logits = plain.model(input_ids=torch.tensor([[1, 5, 9, 2]])).logits
+        assert not spy and torch.isfinite(logits).all()
     finally:
         monkeypatch.undo()
         rowdot_mod._library.cache_clear()
     assert rowdot_mod.available()[0]
+
+
+def test_the_engine_draft_takes_the_targets_kernel(tiny_target, tmp_path):
+    """With a rowdot target the served draft's products run rowdot too (speed); its logits stay nn.Linear's."""
+    from specwire.decode.engine import load_engine_draft
+
+    path = tiny_target("llama")
+    fast = load_target(path, device="cpu", dtype="float32", linear="rowdot")
+    ref = load_target(path, device="cpu", dtype="float32")
+    ckpt = random_tiny_draft(ref, tmp_path / "d")
+    a, b = load_engine_draft(ckpt, ref), load_engine_draft(ckpt, fast)
+    assert linear_kind(a) == "torch" and linear_kind(b) == "rowdot"
+    h = torch.randn(1, 3, a.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(b.lm_head(h), a.lm_head(h), rtol=1e-5, atol=1e-5)

@@ -142,7 +142,7 @@ def machine_sentence(report: BenchReport, target: Target) -> str:
 
 
 def cpu_has_amx() -> bool:
-    from specwire.target.hardware import cpu_features
+    from specwire.target.cpu import cpu_features
 
     return cpu_features().get("amx_bf16", False)
 

@@ -39,7 +39,7 @@ from specwire.bench.summary import summarize
 from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
 from specwire.decode.plain import check_request, plain_generate
 from specwire.errors import SpecwireError
-from specwire.target.hardware import cpu_features, cpu_model
+from specwire.target.cpu import cpu_features, cpu_model
 
 # ---- machine -------------------------------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
 from specwire.decode.sampling import SamplingParams, make_generator, next_token
 from specwire.errors import SpecwireError
-from specwire.target.attention import ATTENTION_NAME
+from specwire.target.attention import INVARIANT_NAMES
 from specwire.target.load import Target
 
 COMPACT_MARGIN = 64  # buffer columns beyond the longest sequence: steps between two compactions, at least
@@ -220,7 +220,7 @@ class _Batch:
         self.cache = SlotCache(target.num_layers)
         # specwire's attention computes a one-token step in fp32 (`rows_attention`): storing the keys and
         # values in fp32 (exactly: they are widened, not rounded) saves converting the whole cache each step
-        invariant = getattr(target.model.config, "_attn_implementation", None) == ATTENTION_NAME
+        invariant = getattr(target.model.config, "_attn_implementation", None) in INVARIANT_NAMES
         self.store_dtype = torch.float32 if invariant else None
         self.rows: list[_Row | None] = []  # aligned with the cache's rows; None = free
         self.pending = list(range(len(requests)))[::-1]  # a stack: the next request is pending[-1]

@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from specwire.target.capture import capture_hooks
+from specwire.target.fastlinear import linear_kind, rowdot_linears
 from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import AttendFn, Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
@@ -153,6 +154,8 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
                 "on this target); `specwire doctor` explains the wiring.",
         )
     draft.attach_embeddings(target.parts.embed)
+    if linear_kind(target.model) == "rowdot":  # the draft's products take the target's kernel: on a CPU without
+        rowdot_linears(draft)  # native bf16 its one-row product is the faster (speed only: a draft needs no invariance)
     return draft
 
 
@@ -320,10 +323,10 @@ def tree_unsupported(target: Target, cache) -> str | None:
     """Why a tree pass cannot run on this target (then the engine drafts chains), or None."""
     from transformers.cache_utils import DynamicLayer
 
-    from specwire.target.attention import ATTENTION_NAME
+    from specwire.target.attention import INVARIANT_NAMES
 
     impl = getattr(target.model.config, "_attn_implementation", None)
-    if impl not in ("sdpa", "eager", ATTENTION_NAME):
+    if impl not in ("sdpa", "eager", *INVARIANT_NAMES):
         return f"attention implementation '{impl}' takes no custom 4D tree mask"
     if any(type(layer) is not DynamicLayer for layer in getattr(cache, "layers", [None])):
         return "the target's KV cache has non-plain layers (sliding window / recurrent); no tree compaction"

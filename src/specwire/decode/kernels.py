@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from specwire.decode.budget import AcceptanceModel, CostModel, choose_budget, DEFAULT_ACCEPTANCE, DEFAULT_ACCEPTANCE_TOPK
-from specwire.target.hardware import (CacheKey, CostCurve, KernelChoice, PASS_TOKENS, cpu_features, measure_curve,
-                                      native_bf16, read_cache, write_cache)
+from specwire.target.cpu import cpu_features, native_bf16
+from specwire.target.hardware import CacheKey, CostCurve, KernelChoice, PASS_TOKENS, measure_curve, read_cache, write_cache
 from specwire.safeio import specwire_home
 from specwire.target.load import Target, load_target
 

@@ -1,8 +1,9 @@
 """Batch-invariant attention: a pass over T new tokens gives, row by row, bitwise what T single steps give.
 
-Scope: the `invariant` attention function and its mask function, registered with transformers'
-`AttentionInterface` / `AttentionMaskInterface` under the name `ATTENTION_NAME`; `use_invariant_attention`
-switches a loaded model to it. Does not own the linear layers (`fastlinear`: they have their own
+Scope: the invariant attention functions and their mask function, registered with transformers'
+`AttentionInterface` / `AttentionMaskInterface` under `ATTENTION_NAME` (compiled where it runs) and
+`TORCH_ATTENTION_NAME`; `compiled_attention`, the caller of the compiled kernel; `use_invariant_attention`
+switches a loaded model to one of them. Does not own the linear layers (`fastlinear`: they have their own
 row-invariance rule) nor the check that a whole model is invariant (`invariance`).
 
 Why: speculative decoding is lossless only if the target's logits for a drafted token are exactly those
@@ -14,27 +15,33 @@ its result moves by an ulp. In bf16 that is enough to flip a near-tie between tw
 The rule this function keeps: a row's result depends only on its own query and the sequence of keys it
 may see, taken in order (its *ranks*: the cached prefix, then its ancestors, root first), never on how
 many rows share the pass, where its keys sit in the pass, or how many masked keys lie between them.
-How, in fp32 whatever the model's dtype:
-  - scores: one GEMM Q @ K^T with at least `MIN_GEMM_ROWS` rows and the keys padded to whole
-    `CHUNK`-key blocks. Each score is then the same chain of fused multiply-adds over the head dimension,
-    whatever its row or column.
-  - softmax numerator: the row maximum over its visible keys (exact in any order), exp(s - max).
-  - the reduction over keys, numerator and denominator together: the values get a column of ones
-    appended, and the keys are cut into chunks of `CHUNK` *ranks*. Each chunk is one GEMM whose inner
-    dimension is short enough to run as one sequential chain (masked keys inside it are exact zeros,
-    and adding zero changes nothing), and the chunk results are accumulated in rank order by a
-    sequential scan. A row whose last chunks are empty adds exact zeros.
-  - chunks that lie wholly in the cached prefix are shared by every row (one batched GEMM); the chunks
-    that hold this pass's keys are taken per rank by masking, so a tree node's ancestors fall in the same
-    chunk as in the single-step decoding of the accepted path.
+Two implementations keep it, in fp32 whatever the model's dtype; they are not bitwise equal to each
+other, and a process uses one for plain and speculative decoding alike:
+  - compiled (`compiled_attention`, `rowattn.c`, the default on x86-64 CPUs where `target.rowdot` builds):
+    each (row, head) is computed whole by one thread as one fixed chain over its visible keys in rank
+    order; hidden keys are skipped. Its header gives the chain. A one-token step costs about a fifth of the
+    torch form below on a 2-core AVX2 machine.
+  - torch (`torch_invariant_attention`, elsewhere: CUDA, other CPUs, or asked for by name):
+    - scores: one GEMM Q @ K^T with at least `MIN_GEMM_ROWS` rows and the keys padded to whole
+      `CHUNK`-key blocks. Each score is then the same chain of fused multiply-adds over the head
+      dimension, whatever its row or column.
+    - softmax numerator: the row maximum over its visible keys (exact in any order), exp(s - max).
+    - the reduction over keys, numerator and denominator together: the values get a column of ones
+      appended, and the keys are cut into chunks of `CHUNK` *ranks*. Each chunk is one GEMM whose inner
+      dimension is short enough to run as one sequential chain (masked keys inside it are exact zeros,
+      and adding zero changes nothing), and the chunk results are accumulated in rank order by a
+      sequential scan. A row whose last chunks are empty adds exact zeros.
+    - chunks that lie wholly in the cached prefix are shared by every row (one batched GEMM); the chunks
+      that hold this pass's keys are taken per rank by masking, so a tree node's ancestors fall in the
+      same chunk as in the single-step decoding of the accepted path.
 Passes outside this contract (a batch of several sequences, a padded or windowed prefix, more than
 `MAX_INVARIANT_QUERIES` new tokens, soft-capping or sinks) run through sdpa: prefills and batched
 generation are shared by plain and speculative decoding alike, so they need no invariance. The one
 exception is speed: a batch of sequences with one new token each (the decode step of batched
 generation) runs `rows_attention`, plain grouped GEMMs, much faster than sdpa's CPU kernel there.
 
-The GEMM facts above (rows of at least `MIN_GEMM_ROWS`, inner chains up to 192 long) were measured on
-the CPU BLAS that torch ships; `specwire.target.invariance` checks them on the model and machine at hand,
+The torch form's GEMM facts (rows of at least `MIN_GEMM_ROWS`, inner chains up to 192 long) were measured
+on the CPU BLAS that torch ships; `specwire.target.invariance` checks them on the model and machine at hand,
 and the engine reports a pass that fails the check instead of claiming losslessness.
 """
 
@@ -44,7 +51,9 @@ import math
 
 import torch
 
-ATTENTION_NAME = "specwire_invariant"
+ATTENTION_NAME = "specwire_invariant"  # compiled kernel on CPU where it runs, else the torch form
+TORCH_ATTENTION_NAME = "specwire_invariant_torch"  # always the torch form
+INVARIANT_NAMES = (ATTENTION_NAME, TORCH_ATTENTION_NAME)
 CHUNK = 64  # keys per reduction chunk (ranks), and the padding unit of the score GEMM's columns
 MIN_GEMM_ROWS = 16  # every score/value GEMM gets at least this many rows (small-M kernels sum differently)
 MAX_INVARIANT_QUERIES = 64  # larger passes (prefills) take the sdpa path; keeps each tail chain <= 127 long
@@ -106,8 +115,19 @@ def _plan(mask, q_len, k_len, rows, device) -> _PassPlan:
 def invariant_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """query [1, H, Tq, dk], key [1, Hkv, Tk, dk], value [1, Hkv, Tk, dv] -> ([1, Tq, H, dv], None).
 
-    attention_mask: bool [1, 1, Tq, Tk] (True = may attend) or None (causal).
+    attention_mask: bool [1, 1, Tq, Tk] (True = may attend) or None (causal). On CPU where the compiled
+    kernels run (`target.rowdot.available`), the pass goes to `compiled_attention`; elsewhere to the torch form
+    below (`torch_invariant_attention`). Both keep the rule; they are not bitwise equal to each other.
     """
+    return _invariant(module, query, key, value, attention_mask, scaling, dropout, True, **kwargs)
+
+
+def torch_invariant_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """`invariant_attention` always in its torch form (registered as `TORCH_ATTENTION_NAME`)."""
+    return _invariant(module, query, key, value, attention_mask, scaling, dropout, False, **kwargs)
+
+
+def _invariant(module, query, key, value, attention_mask, scaling, dropout, compiled, **kwargs):
     B, H, Tq, dk = query.shape
     Hkv, Tk, dv = key.shape[1], key.shape[2], value.shape[-1]
     special = any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks"))
@@ -117,6 +137,11 @@ def invariant_attention(module, query, key, value, attention_mask, scaling=None,
     if (B != 1 or Tq > MAX_INVARIANT_QUERIES or special or (dropout and module.training)
             or (attention_mask is not None and attention_mask.dtype != torch.bool)):
         return _sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if compiled and query.device.type == "cpu" and kernels_available():
+        prefix_hidden, tail = _compiled_plan(attention_mask, Tq, Tk)
+        if prefix_hidden:  # a padded or windowed prefix: outside the contract
+            return _sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        return compiled_attention(query, key, value, tail, scaling), None
     g = H // Hkv
     rows = max(Tq, -(-MIN_GEMM_ROWS // g))  # query rows, padded so each GEMM has >= MIN_GEMM_ROWS rows
     plan = _plan(attention_mask, Tq, Tk, rows, query.device)
@@ -151,6 +176,46 @@ def invariant_attention(module, query, key, value, attention_mask, scaling=None,
     return out.transpose(0, 1).to(query.dtype)[None], None
 
 
+_compiled_cache: list[tuple] = []
+
+
+def _compiled_plan(mask, q_len: int, k_len: int) -> tuple[bool, torch.Tensor | None]:
+    """(is part of the cached prefix hidden?, this pass's own keys each row sees as uint8 [Tq, Tq] or None for
+    causal), computed once per pass (every layer shares the mask)."""
+    if _compiled_cache and _compiled_cache[0][0] is mask and _compiled_cache[0][1] == (q_len, k_len):
+        return _compiled_cache[0][2]
+    past = k_len - q_len
+    if mask is None:
+        plan = (False, None)
+    else:
+        plan = (past > 0 and not bool(mask[0, 0, :, :past].all()),
+                mask[0, 0, :, past:].to(torch.uint8).contiguous())  # shape: [Tq, Tq]
+    _compiled_cache[:] = [(mask, (q_len, k_len), plan)]
+    return plan
+
+
+def compiled_attention(query, key, value, tail: torch.Tensor | None, scaling=None) -> torch.Tensor:
+    """query [1, H, Tq, dk], key [1, Hkv, Tk, dk], value [1, Hkv, Tk, dv] -> [1, Tq, H, dv] in query's dtype.
+
+    `rowattn.c`, in fp32: row i sees the cached prefix (keys 0..Tk-Tq-1) and this pass's keys j where
+    tail[i, j] (uint8 [Tq, Tq]; None: j <= i). Each (row, head) is one fixed chain over its visible keys in
+    order, computed whole by one thread, so it is bitwise what a one-token step would compute."""
+    from specwire.target.rowdot import library
+
+    _, H, Tq, dk = query.shape
+    Hkv, Tk, dv = key.shape[1], key.shape[2], value.shape[-1]
+    q, k, v = (t[0].float() for t in (query, key, value))  # shapes: [H, Tq, dk], [Hkv, Tk, dk], [Hkv, Tk, dv]
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(dk)
+    out = torch.empty(Tq, H, dv, dtype=torch.float32)
+    work = torch.empty(Tq * H, Tk, dtype=torch.float32)  # each (row, head)'s scores
+    library().specwire_rowattn_f32(q.data_ptr(), Tq, H, dk, q.stride(1), q.stride(0), k.data_ptr(), Hkv, k.stride(0),
+                                   k.stride(1), v.data_ptr(), dv, v.stride(0), v.stride(1), Tk - Tq,
+                                   None if tail is None else tail.data_ptr(), scale, work.data_ptr(), out.data_ptr(),
+                                   torch.get_num_threads())
+    return out[None].to(query.dtype)
+
+
 def rows_attention(query, key, value, attention_mask, scaling=None):
     """One new token for each of B sequences: query [B, H, 1, dk], key [B, Hkv, Tk, dk] -> ([B, 1, H, dv], None).
 
@@ -183,19 +248,29 @@ def invariant_mask(*args, **kwargs):
 _registered = False
 
 
-def register() -> str:
-    """Register the function with transformers (idempotent); returns its attention-implementation name."""
+def register(kernel: str = "auto") -> str:
+    """Register the functions with transformers (idempotent); returns the attention-implementation name for
+    kernel "auto" (compiled where it runs) or "torch"."""
     global _registered
     if not _registered:
         from transformers import AttentionInterface
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
         AttentionInterface.register(ATTENTION_NAME, invariant_attention)
+        AttentionInterface.register(TORCH_ATTENTION_NAME, torch_invariant_attention)
         ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, invariant_mask)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(TORCH_ATTENTION_NAME, invariant_mask)
         _registered = True
-    return ATTENTION_NAME
+    return TORCH_ATTENTION_NAME if kernel == "torch" else ATTENTION_NAME
 
 
-def use_invariant_attention(model) -> None:
-    """Switch a loaded HF model to the invariant attention."""
-    model.set_attn_implementation(register())
+def use_invariant_attention(model, kernel: str = "auto") -> None:
+    """Switch a loaded HF model to the invariant attention: kernel "auto" (the compiled one on CPU where it runs,
+    else the torch form) or "torch"."""
+    model.set_attn_implementation(register(kernel))
+
+
+def kernels_available() -> bool:
+    from specwire.target.rowdot import available
+
+    return available()[0]

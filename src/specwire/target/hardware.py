@@ -1,13 +1,14 @@
-"""This machine as a place to decode: CPU features, the measured cost of a target pass, and its cache.
+"""This machine as a place to decode: the measured cost of a target pass, and its cache.
 
-Scope: `cpu_features`, `KernelChoice` (a dtype and a way of computing the linear layers), `CostCurve`
-(milliseconds of one target pass over T new tokens, for T = 1..17, and the row padding that makes that
-kernel batch-invariant), `measure_pass_ms` / `measure_curve` on a loaded target, and the cache of
-curves under $SPECWIRE_HOME/hardware. Does not decide anything: `decode.kernels` picks the default
-kernel from these curves and `decode.budget` the speculation budget.
+Scope: `KernelChoice` (a dtype and a way of computing the linear layers), `CostCurve` (milliseconds of
+one target pass over T new tokens, for T = 1..17, and the row padding that makes that kernel
+batch-invariant), `measure_pass_ms` / `measure_curve` on a loaded target, the cache of curves under
+$SPECWIRE_HOME/hardware, and `generation_dtype`. The CPU's model and features come from `target.cpu`.
+Does not decide anything: `decode.kernels` picks the default kernel from these curves and
+`decode.budget` the speculation budget.
 
 Why a cache, and why keyed so strictly: a cost curve is only true for the CPU model and its features,
-the thread count, the torch version, the device and the target it was measured on. The cache file name
+the thread count, the torch version, the device, the compiled kernels and the target it was measured on. The cache file name
 hashes all of them, and the file repeats them; a file whose recorded key differs from this process's
 (copied from another machine, edited, or written by another torch) is ignored and measured again,
 never trusted.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,44 +26,12 @@ from pathlib import Path
 import torch
 
 from specwire.safeio import write_json
+from specwire.target.cpu import cpu_features, cpu_model, native_bf16
 from specwire.wiring import short_hash
 
 CACHE_FORMAT = 2
 PASS_TOKENS = tuple(range(1, 18))  # pass sizes measured: a root plus up to 16 draft tokens
 log = logging.getLogger("specwire")
-
-_FEATURE_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2", "fma")
-
-
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo; platform's guess elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def cpu_features() -> dict[str, bool]:
-    """Which of the instruction-set features that decide kernel speed this CPU has (amx_bf16, avx512_bf16...)."""
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    return {f: f in flags for f in _FEATURE_FLAGS}
-
-
-def native_bf16(features: dict[str, bool] | None = None) -> bool:
-    """Does this CPU do bf16 arithmetic in hardware (AMX or AVX512-BF16)?"""
-    f = cpu_features() if features is None else features
-    return bool(f.get("amx_bf16") or f.get("avx512_bf16"))
-
 
 def generation_dtype(requested: str, device: str | None) -> str:
     """The weights dtype for batched generation (datagen, self-instruct): `requested`, or for "auto"
@@ -136,13 +104,16 @@ class CacheKey:
     torch: str
     device: str
     target: str  # target fingerprint
+    kernels: str = ""  # `rowdot.source_digest()`: a changed compiled kernel makes every cached curve stale
     format: int = CACHE_FORMAT
     extra: dict = field(default_factory=dict)
 
     @classmethod
     def here(cls, target_fingerprint: str, device: str = "cpu") -> "CacheKey":
+        from specwire.target.rowdot import source_digest
+
         return cls(cpu=cpu_model(), features=cpu_features(), threads=torch.get_num_threads(),
-                   torch=torch.__version__, device=str(device), target=target_fingerprint)
+                   torch=torch.__version__, device=str(device), target=target_fingerprint, kernels=source_digest())
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,9 +1,11 @@
-"""The compiled row-invariant float32 product behind `--linear rowdot`: build, load, call.
+"""The compiled row-invariant float32 kernels: build, load, and the product behind `--linear rowdot`.
 
-Scope: building `rowdot.c` (beside this file) into a shared library on first use, cached under
-`$SPECWIRE_HOME/kernels` by a hash of the source, flags and compiler; loading it with ctypes; `available`
-(can this machine run it, and if not, why); `rowdot` (x @ W.T + b through it). Does not own the module
-that swaps a model's linear layers (`fastlinear.RowDotLinear`) nor the choice of kernel (`decode.kernels`).
+Scope: building `rowdot.c` and `rowattn.c` (beside this file) into one shared library on first use, cached
+under `$SPECWIRE_HOME/kernels` by a hash of the sources, flags and compiler; loading it with ctypes;
+`available` (can this machine run it, and if not, why); `rowdot` (x @ W.T + b through it) and `library`
+(for `attention.compiled_attention`, the attention kernel's caller). Does not own the module that swaps a
+model's linear layers (`fastlinear.RowDotLinear`), the attention's rule (`attention`) nor the choice of
+kernel (`decode.kernels`).
 
 Why: speculation is lossless only if a T-token verify pass gives each row bitwise the logits of a
 one-token step. A BLAS library picks its kernel and its blocking of the inner dimension by the number
@@ -32,9 +34,14 @@ import torch
 from specwire.errors import SpecwireError
 
 log = logging.getLogger("specwire")
-SOURCE = Path(__file__).with_name("rowdot.c")
+SOURCES = (Path(__file__).with_name("rowdot.c"), Path(__file__).with_name("rowattn.c"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared")  # no -ffast-math: the order is the point
-ABI = 1  # `specwire_rowdot_abi()` of the source this module calls
+ABI = 2  # `specwire_rowdot_abi()` of the sources this module calls
+
+
+def source_digest() -> str:
+    """A hash of the kernels' sources and flags: what the cost curves cached under SPECWIRE_HOME were measured with."""
+    return hashlib.sha256("\0".join([*(src.read_text() for src in SOURCES), *FLAGS]).encode()).hexdigest()[:16]
 
 
 def compiler() -> str | None:
@@ -46,7 +53,7 @@ def compiler() -> str | None:
 
 
 def _cpu_ok() -> str | None:
-    from specwire.target.hardware import cpu_features
+    from specwire.target.cpu import cpu_features
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"it is written for x86-64 and this machine is {platform.machine()}"
@@ -70,18 +77,19 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"the C compiler {cc} does not run ({e})"
-    digest = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, cc, *version]).encode()).hexdigest()[:16]
-    lib_path = specwire_home() / "kernels" / f"rowdot-{digest}.so"
+    texts = [src.read_text() for src in SOURCES]
+    digest = hashlib.sha256("\0".join([*texts, *FLAGS, cc, *version]).encode()).hexdigest()[:16]
+    lib_path = specwire_home() / "kernels" / f"specwire-kernels-{digest}.so"
     if not lib_path.is_file():
-        log.info("building the rowdot kernel with %s (once; cached as %s)", cc, lib_path)
+        log.info("building the row-invariant kernels with %s (once; cached as %s)", cc, lib_path)
         try:
             with atomic_path(lib_path) as tmp:
-                done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True,
+                done = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", str(tmp)], capture_output=True, text=True,
                                       timeout=300)
                 if done.returncode != 0:
                     raise RuntimeError((done.stderr.strip().splitlines() or ["no message"])[-1])
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            return None, f"{cc} could not build {SOURCE.name} ({e})"
+            return None, f"{cc} could not build {' and '.join(src.name for src in SOURCES)} ({e})"
     try:
         lib = ctypes.CDLL(str(lib_path))
     except OSError as e:
@@ -91,7 +99,18 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.specwire_rowdot_f32.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
     lib.specwire_rowdot_f32.restype = None
+    lib.specwire_rowattn_f32.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, ptr, i64, i64, i64, i64,
+                                         ptr, ctypes.c_float, ptr, ptr, ctypes.c_int]
+    lib.specwire_rowattn_f32.restype = None
     return lib, ""
+
+
+def library() -> ctypes.CDLL:
+    """The loaded library; raises a SpecwireError that says why where it cannot run here."""
+    lib, why = _library()
+    if lib is None:
+        raise SpecwireError(f"the compiled row-invariant kernels cannot run here: {why}.")
+    return lib
 
 
 def available() -> tuple[bool, str]:
@@ -111,9 +130,7 @@ def require() -> None:
 def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N], float32 on CPU, each row bitwise independent
     of how many rows the call holds. No autograd: for inference passes only."""
-    lib, why = _library()
-    if lib is None:
-        raise SpecwireError(f"the rowdot kernel cannot run here: {why}.")
+    lib = library()
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":
         raise SpecwireError(f"rowdot: expected float32 tensors on CPU, found {x.dtype} on {x.device} "
                             f"with a {weight.dtype} weight.")

@@ -269,7 +269,7 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
         raise SpecwireError(f"{config.data_dirs[0]}: no manifest names the target.", fix="pass --target NAME_OR_PATH.")
     target = load_target(target_name, device=device, dtype=config.target_dtype)
     if config.autocast and device.type == "cpu" and d.main:
-        from specwire.target.hardware import native_bf16
+        from specwire.target.cpu import native_bf16
 
         if not native_bf16():
             # measured on an AVX2-only EPYC, 2 threads: 55 s per step against 5.5 s in fp32 (docs/MODEL_CARD.md)

@@ -1,0 +1,170 @@
+/* The row-invariant attention behind the invariant attention on CPU (built with rowdot.c, loaded by
+ * specwire/target/rowdot.py, called by specwire/target/attention.py).
+ *
+ * out[i, h] = sum_j softmax_j(scale * q[i, h] . k[j]) v[j] over the keys j that query row i may see, in
+ * float32, with query head h reading key/value head h / (H / Hkv) (grouped-query attention).
+ *
+ * The one rule: a row's result depends only on its own query and on the sequence of keys it sees, in
+ * order (the cached prefix 0..past-1, then the keys of this pass that its mask row allows, in pass order),
+ * never on how many rows share the pass, which thread computes it, or how many hidden keys lie between
+ * its keys. Hidden keys are skipped, not zeroed. Each (row, head) is computed whole by one thread:
+ *   1. every score is one chain: an 8-lane accumulator over the head dimension in steps of 8 by fused
+ *      multiply-adds, its lanes folded in a fixed tree, the tail (dk mod 8) added in order, times scale;
+ *   2. the maximum over the row's scores (exact in any order);
+ *   3. e = exp(s - max) by a fixed lane-wise polynomial (`exp8`), and the denominator: the e of the row's
+ *      rank-j key into lane j mod 8, in rank order, the 8 lanes folded in a fixed tree;
+ *   4. each output lane d: sum over ranks in order of e * v[key][d], one fused multiply-add each;
+ *   5. each output lane divided by the denominator.
+ * So a tree node's row is bitwise the row that a one-token step on its accepted path computes, and the
+ * first token of a verify pass is bitwise plain decoding's. Compiled with -O3 -mavx2 -mfma -fopenmp, and
+ * without -ffast-math: the order is the point.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+static inline float fold8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    t = _mm_add_ss(t, _mm_shuffle_ps(t, t, 1));
+    return _mm_cvtss_f32(t);
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t d = 0; d < n8; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+    float r = fold8(acc);
+    for (int64_t d = n8; d < n; d++) r = fmaf(a[d], b[d], r);
+    return r;
+}
+
+/* exp(x) for x <= 0, lane by lane: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-7 polynomial (Cephes'
+ * expf coefficients, about 1 ulp), times 2^n; x below -87 is taken as -87 (its term, under 2e-38, is
+ * negligible beside the row maximum's 1). A fixed sequence of lane-wise operations: the same x gives the
+ * same result in any lane of any call. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* lanes 0..k-1 set (k < 8) */
+static inline __m256 tail_mask(int64_t k) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)k), lane));
+}
+
+/* dot(a, b[r]) for the 4 rows b, b + ldb, b + 2 ldb, b + 3 ldb: each the same chain as dot(), run side by
+ * side so the four chains hide each other's latency. */
+static inline void dot4(const float *a, const float *b, int64_t ldb, int64_t n, float *r) {
+    __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps(), c3 = _mm256_setzero_ps();
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t d = 0; d < n8; d += 8) {
+        const __m256 av = _mm256_loadu_ps(a + d);
+        c0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + d), c0);
+        c1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + ldb + d), c1);
+        c2 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + 2 * ldb + d), c2);
+        c3 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + 3 * ldb + d), c3);
+    }
+    r[0] = fold8(c0), r[1] = fold8(c1), r[2] = fold8(c2), r[3] = fold8(c3);
+    for (int64_t d = n8; d < n; d++) {
+        r[0] = fmaf(a[d], b[d], r[0]);
+        r[1] = fmaf(a[d], b[ldb + d], r[1]);
+        r[2] = fmaf(a[d], b[2 * ldb + d], r[2]);
+        r[3] = fmaf(a[d], b[3 * ldb + d], r[3]);
+    }
+}
+
+/* q: [Tq, H, dk] at strides (qs_t, qs_h), k: [Hkv, Tk, dk] at (ks_h, ks_t), v: [Hkv, Tk, dv] at (vs_h, vs_t),
+ * innermost dimensions contiguous. Row i sees keys 0..past-1, then past + j for j < Tq where tail[i * Tq + j]
+ * (tail NULL: j <= i, causal). work: [Tq * H, past + Tq] floats. out: [Tq, H, dv], contiguous. */
+void specwire_rowattn_f32(const float *q, int64_t Tq, int64_t H, int64_t dk, int64_t qs_t, int64_t qs_h,
+                          const float *k, int64_t Hkv, int64_t ks_h, int64_t ks_t, const float *v, int64_t dv,
+                          int64_t vs_h, int64_t vs_t, int64_t past, const uint8_t *tail, float scale, float *work,
+                          float *out, int threads) {
+    const int64_t g = H / Hkv, width = past + Tq;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t p = 0; p < Tq * H; p++) {
+        const int64_t i = p / H, h = p % H, kh = h / g;
+        const float *qi = q + i * qs_t + h * qs_h;
+        const float *kb = k + kh * ks_h, *vb = v + kh * vs_h;
+        float *s = work + p * width;
+        int64_t n = 0;
+        for (; n + 4 <= past; n += 4) dot4(qi, kb + n * ks_t, ks_t, dk, s + n); /* the cached prefix: all seen */
+        for (; n < past; n++) s[n] = dot(qi, kb + n * ks_t, dk);
+        for (int64_t t = 0; t < Tq; t++)                                        /* this pass's keys: as masked */
+            if (tail ? tail[i * Tq + t] : t <= i) s[n++] = dot(qi, kb + (past + t) * ks_t, dk);
+        float m = -INFINITY;
+        for (int64_t j = 0; j < n; j++) {
+            s[j] *= scale;
+            m = s[j] > m ? s[j] : m;
+        }
+        /* e = exp(s - m) in place, 8 ranks at a time (a short last group through a padded copy: every rank
+         * takes the same lane-wise arithmetic), and the denominator: rank j into lane j mod 8, folded. */
+        const __m256 mv = _mm256_set1_ps(m);
+        __m256 denv = _mm256_setzero_ps();
+        for (int64_t j = 0; j < n; j += 8) {
+            if (j + 8 <= n) {
+                const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+                _mm256_storeu_ps(s + j, e);
+                denv = _mm256_add_ps(denv, e);
+            } else {
+                float pad[8] = {0};
+                for (int64_t t = j; t < n; t++) pad[t - j] = s[t];
+                const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(pad), mv));
+                _mm256_storeu_ps(pad, e);
+                for (int64_t t = j; t < n; t++) s[t] = pad[t - j];
+                denv = _mm256_add_ps(denv, _mm256_blendv_ps(_mm256_setzero_ps(), e, tail_mask(n - j)));
+            }
+        }
+        const float den = fold8(denv);
+        /* the values: output lane d = sum over ranks in order of e[rank] * v[key][d], one fused multiply-add
+         * each; 64 lanes at a time in registers. */
+        float *o = out + (i * H + h) * dv;
+        const int64_t dv8 = dv & ~(int64_t)7;
+        for (int64_t d0 = 0; d0 < dv8; d0 += 64) {
+            const int nv = (int)((dv8 - d0 < 64 ? dv8 - d0 : 64) / 8);
+            __m256 acc[8];
+            for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+            int64_t r = 0;
+            for (int64_t j = 0; j < width; j++) {
+                if (j >= past) {
+                    const int64_t t = j - past;
+                    if (tail ? !tail[i * Tq + t] : t > i) continue;
+                }
+                const __m256 ev = _mm256_set1_ps(s[r++]);
+                const float *vj = vb + j * vs_t + d0;
+                if (nv == 8)
+                    for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+                else
+                    for (int c = 0; c < nv; c++) acc[c] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+            }
+            for (int c = 0; c < nv; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
+        }
+        for (int64_t d = dv8; d < dv; d++) {
+            float a = 0.0f;
+            int64_t r = 0;
+            for (int64_t j = 0; j < width; j++) {
+                if (j >= past) {
+                    const int64_t t = j - past;
+                    if (tail ? !tail[i * Tq + t] : t > i) continue;
+                }
+                a = fmaf(s[r++], vb[j * vs_t + d], a);
+            }
+            o[d] = a;
+        }
+        for (int64_t d = 0; d < dv; d++) o[d] = o[d] / den;  /* (the same division whatever the lane) */
+    }
+}

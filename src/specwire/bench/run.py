@@ -39,6 +39,7 @@ from specwire.bench.summary import summarize
 from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
 from specwire.decode.plain import check_request, plain_generate
 from specwire.errors import SpecwireError
+from specwire.target.attention import ATTENTION_NAME, kernels_available
 from specwire.target.cpu import cpu_features, cpu_model
 
 # ---- machine -------------------------------------------------------------------------------------------
@@ -63,6 +64,8 @@ def machine_info(device: torch.device, dtype: torch.dtype, model: torch.nn.Modul
         info["linear"] = linear_kind(model)
         info["linear_min_rows"] = linear_min_rows(model)
         info["attention"] = getattr(model.config, "_attn_implementation", None)
+        if info["attention"] == ATTENTION_NAME:  # which form of the invariant attention ran (`target.attention`)
+            info["attention"] += " (compiled)" if device.type == "cpu" and kernels_available() else " (torch)"
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info

@@ -58,6 +58,7 @@ from typing import Callable, Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
+from specwire.target.attention import compiled_attention, kernels_available
 from specwire.target.capture import capture_hooks
 from specwire.target.fastlinear import linear_kind, rowdot_linears
 from specwire.draft.checkpoint import load_draft
@@ -168,6 +169,9 @@ class DraftKVCache:
         self.k = torch.zeros(1, num_kv_heads, capacity, head_dim, device=device, dtype=dtype)  # shape: [1, nkv, cap, d]
         self.v = torch.zeros_like(self.k)
         self.length = 0
+        # a one-query step over the whole cache (a chain's draft step) takes the compiled attention on CPU: sdpa's
+        # flash kernel costs about a millisecond there for one query (speed only: a draft needs no invariance)
+        self.compiled = torch.device(device).type == "cpu" and kernels_available()
 
     def _ensure(self, n: int) -> None:
         cap = self.k.shape[2]
@@ -188,6 +192,8 @@ class DraftKVCache:
             self.k[:, :, start:end] = k
             self.v[:, :, start:end] = v
             self.length = end
+            if mask is None and q.shape[2] == 1 and self.compiled:
+                return compiled_attention(q, self.k[:, :, :end], self.v[:, :, :end], None).transpose(1, 2)
             return F.scaled_dot_product_attention(q, self.k[:, :, :end], self.v[:, :, :end], attn_mask=mask,
                                                   enable_gqa=k.shape[1] != q.shape[1])
         return fn

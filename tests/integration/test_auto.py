@@ -36,6 +36,9 @@ def test_auto_is_lossless_reports_its_budgets_and_learns(tiny_target, tmp_path, 
         assert res.extra["budget"] == "auto" and sum(used.values()) >= 1
         assert any(label != "none" for label in used), used  # the claimed acceptance makes it speculate first
         assert res.extra["budget_used"]["draft_ms"][1] > 0 and res.extra["budget_used"]["target_ms"][1] > 0
+        # plain steps are timed apart from verify passes (a round's measured cost must not include them)
+        assert (res.extra["plain_s"] > 0) == (res.extra["plain_steps"] > 0)
+        assert res.extra["verify_s"] > 0 and res.extra["other_s"] >= 0
 
 
 def test_auto_stays_within_its_caps(tiny_target, tmp_path):

@@ -65,7 +65,8 @@ def test_summarize_speedups_lossless_and_draft_metrics_from_numbers():
     assert tree.speedup_vs_hf == pytest.approx(4.0) and tree.speedup_vs_plain == pytest.approx(2.0)
     assert tree.accept_length == pytest.approx((3.0 * 1 + 1.0 * 3) / 4)  # weighted by verify passes
     assert tree.accept_per_position == pytest.approx([0.25, 0.25, 0.0])
-    assert tree.time_split == pytest.approx({"draft_s": 0.3, "verify_s": 1.0, "other_s": 0.2, "verify_passes": 4})
+    assert tree.time_split == pytest.approx({"draft_s": 0.3, "verify_s": 1.0, "plain_s": 0.0, "other_s": 0.2,
+                                             "verify_passes": 4})
     assert tree.lossless and tree.mismatches == 0
     lookup = res["hf-prompt-lookup"]
     assert not lookup.lossless and lookup.mismatches == 1
@@ -106,7 +107,7 @@ def test_parse_methods_and_config_validation():
 def _synthetic_report(tmp_path) -> BenchReport:
     runs = [_run("plain", "a", [1, 2], 1.0, 2), _run("hf-generate", "a", [1, 2], 2.0, 2),
             _run("eagle3-chain", "a", [1, 2], 0.5, 1, accept_length=2.0, num_verify_passes=1,
-                 accept_per_position=[1.0, 0.0], draft_s=0.1, verify_s=0.3, other_s=0.1)]
+                 accept_per_position=[1.0, 0.0], draft_s=0.1, verify_s=0.3, plain_s=0.4, other_s=0.1)]
     cfg = BenchConfig(methods=("hf-generate", "plain", "eagle3-chain"), max_new_tokens=2, out_dir=str(tmp_path),
                       command="specwire bench --limit 1")
     return BenchReport(config=cfg, results=summarize(runs, cfg.run_methods), prompt_ids=["a"],
@@ -122,6 +123,8 @@ def test_markdown_summary_and_plot(tmp_path):
     # the profile: a 500 ms round (300 verify + 100 draft + 100 other) against plain's 500 ms per token breaks
     # even at accept length 1.00; 2.5x hf-generate (1000 ms per token) needs 2.5 * 500 / 1000 = 1.25
     assert "| eagle3-chain | 300.0 | 100.0 | 100.0 | 1.00x | 1.00 | 1.25 | 2.00 |" in md
+    # the plain steps `auto` took instead of rounds are shown apart and do not count in a round's cost
+    assert "| 0.1 / 0.3 / 0.4 / 0.1 |" in md
     assert "plain: 500.0 ms per token; hf-generate: 1000.0 ms" in md
     assert "best: eagle3-chain at 4.0 tok/s = 4.00x hf-generate and 2.00x plain" in render_summary(rep)
     png = save_plot(rep, tmp_path / "r.png")
@@ -195,7 +198,7 @@ def test_run_bench_all_methods_with_random_tiny_draft(tiny_llama_target, prompt_
         r = rep.result(m)
         assert r.accept_length is not None and r.accept_length >= 1.0
         assert r.accept_per_position and all(0.0 <= v <= 1.0 for v in r.accept_per_position)
-        assert set(r.time_split) == {"draft_s", "verify_s", "other_s", "verify_passes"}
+        assert set(r.time_split) == {"draft_s", "verify_s", "plain_s", "other_s", "verify_passes"}
         assert r.time_split["verify_passes"] > 0
         assert r.speedup_vs_plain == pytest.approx(r.tokens_per_s / rep.result("plain").tokens_per_s)
     assert rep.spec and rep.spec["num_steps"] == 3 and rep.spec["topk"] == 2

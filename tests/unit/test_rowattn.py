@@ -96,16 +96,3 @@ def test_the_model_runs_it_here(tiny_target, monkeypatch):
         target.model(input_ids=torch.tensor([[1, 5, 9, 2]]))
     assert calls, "the invariant attention did not call the compiled kernel"
 
-
-def test_the_drafts_one_query_steps_take_it_and_keep_sdpas_values():
-    from specwire.decode.engine import DraftKVCache
-
-    g = torch.Generator().manual_seed(5)
-    cache = DraftKVCache(num_kv_heads=2, head_dim=16, capacity=64, device="cpu", dtype=torch.float32)
-    assert cache.compiled
-    q, k, v = _qkv(g, 7, 7, 16)
-    ref = _sdpa(q, k, v, torch.ones(7, 7, dtype=torch.bool).tril()).transpose(1, 2)  # [1, H, T, d], sdpa's layout
-    cache.attend(torch.ones(1, 1, 6, 6, dtype=torch.bool).tril())(q[:, :, :6], k[:, :, :6], v[:, :, :6])
-    out = cache.attend(None)(q[:, :, 6:], k[:, :, 6:], v[:, :, 6:])  # one query over the whole cache: compiled
-    assert out.shape == (1, 6, 1, 16)
-    torch.testing.assert_close(out, ref[:, :, 6:], rtol=1e-5, atol=1e-5)

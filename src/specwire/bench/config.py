@@ -182,7 +182,7 @@ class MethodResult:
     lossless: bool  # output identical to plain greedy on every prompt
     mismatches: int  # prompts whose output differs from plain greedy
     first_mismatch: dict | None  # {"prompt_id", "position"} of the first difference, if any
-    time_split: dict | None  # {"draft_s", "verify_s", "other_s", "verify_passes"} summed, for draft methods
+    time_split: dict | None  # {"draft_s", "verify_s", "plain_s", "other_s", "verify_passes"} summed, for draft methods
     speedup_vs_hf: float | None = None  # tokens_per_s / hf-generate's (None when not run)
     speedup_vs_plain: float | None = None  # tokens_per_s / plain's
     budgets: dict[str, int] | None = None  # draft methods: rounds run with each speculation budget (auto's choices)

@@ -21,7 +21,7 @@ def _num(x, fmt: str = "{:.1f}", none: str = "–") -> str:
 def render_table(report: BenchReport) -> str:
     """The results as one Markdown table (one row per method)."""
     rows = [
-        "| method | tok/s | vs hf-generate | vs plain | accept length | tokens/forward | lossless | draft / verify / other (s) |",
+        "| method | tok/s | vs hf-generate | vs plain | accept length | tokens/forward | lossless | draft / verify / plain / other (s) |",
         "|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in report.results:
@@ -29,7 +29,7 @@ def render_table(report: BenchReport) -> str:
         split = "–"
         if r.time_split:
             s = r.time_split
-            split = f"{s['draft_s']:.1f} / {s['verify_s']:.1f} / {s['other_s']:.1f}"
+            split = f"{s['draft_s']:.1f} / {s['verify_s']:.1f} / {s.get('plain_s', 0.0):.1f} / {s['other_s']:.1f}"
         rows.append(
             f"| {r.method} | {_num(r.tokens_per_s)} | {_num(r.speedup_vs_hf, '{:.2f}x')} | {_num(r.speedup_vs_plain, '{:.2f}x')} "
             f"| {_num(r.accept_length, '{:.2f}')} | {_num(r.tokens_per_forward, '{:.2f}')} | {lossless} | {split} |"
@@ -55,7 +55,8 @@ def render_profile(report: BenchReport, *, goal: float = 2.5) -> str:
     """Where a draft method's time goes, in units of one plain decoding step ('' without draft methods).
 
     Per verify round (one target pass plus the draft steps before it): ms in verify, draft and the rest, and
-    the round's cost over plain's ms per token. That cost is the accept length at which the method breaks
+    the round's cost over plain's ms per token. The plain steps that `--budget auto` took instead of rounds are
+    timed apart (`plain_s`) and left out, so they do not inflate the cost of a round. That cost is the accept length at which the method breaks
     even with plain; `goal` times the round's cost over hf-generate's ms per token is the accept length a
     `goal`x speed-up over hf-generate needs.
     """

@@ -64,7 +64,7 @@ def summarize_method(method: str, runs: Sequence[PromptRun], reference: dict[str
         else:
             rows = [r.extra.get("accept_per_position") or [] for r in runs]
             per_pos = weighted_positions(rows, passes if sum(passes) > 0 else [1.0] * len(rows))
-        split = {k: sum(float(r.extra.get(k) or 0.0) for r in runs) for k in ("draft_s", "verify_s", "other_s")}
+        split = {k: sum(float(r.extra.get(k) or 0.0) for r in runs) for k in ("draft_s", "verify_s", "plain_s", "other_s")}
         split["verify_passes"] = int(sum(passes))
         budgets: dict[str, int] = {}
         for r in runs:  # rounds per speculation budget ("none" counts plain steps under --budget auto)

@@ -34,8 +34,9 @@ Metrics in `GenerationResult.extra`:
                        fraction in which a draft token at depth k+1 was accepted. Position 0 is reached
                        in every pass. 0.0 where never reached. `accept_counts`/`reach_counts` hold the
                        raw numbers.
-  draft_s, verify_s, other_s   wall time in the draft (prefill included), in target passes + acceptance
-                       + KV compaction, and elsewhere. No extra device syncs are added for timing, so
+  draft_s, verify_s, plain_s, other_s   wall time in the draft (prefill included), in verify passes (the
+                       target's prefill included) + acceptance + KV compaction, in the plain steps `auto`
+                       chose instead of speculating, and elsewhere. No extra device syncs are added for timing, so
                        on an asynchronous device the split is approximate (the totals are exact).
   target_forwards, num_verify_passes, tree (the mode actually used), tree_fallback (why not, if so).
   budget               "auto" or "fixed"; budget_used: rounds per budget label ("none": plain steps that
@@ -58,7 +59,6 @@ from typing import Callable, Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from specwire.target.attention import compiled_attention, kernels_available
 from specwire.target.capture import capture_hooks
 from specwire.target.fastlinear import linear_kind, rowdot_linears
 from specwire.draft.checkpoint import load_draft
@@ -169,9 +169,6 @@ class DraftKVCache:
         self.k = torch.zeros(1, num_kv_heads, capacity, head_dim, device=device, dtype=dtype)  # shape: [1, nkv, cap, d]
         self.v = torch.zeros_like(self.k)
         self.length = 0
-        # a one-query step over the whole cache (a chain's draft step) takes the compiled attention on CPU: sdpa's
-        # flash kernel costs about a millisecond there for one query (speed only: a draft needs no invariance)
-        self.compiled = torch.device(device).type == "cpu" and kernels_available()
 
     def _ensure(self, n: int) -> None:
         cap = self.k.shape[2]
@@ -192,8 +189,6 @@ class DraftKVCache:
             self.k[:, :, start:end] = k
             self.v[:, :, start:end] = v
             self.length = end
-            if mask is None and q.shape[2] == 1 and self.compiled:
-                return compiled_attention(q, self.k[:, :, :end], self.v[:, :, :end], None).transpose(1, 2)
             return F.scaled_dot_product_attention(q, self.k[:, :, :end], self.v[:, :, :end], attn_mask=mask,
                                                   enable_gqa=k.shape[1] != q.shape[1])
         return fn
@@ -513,7 +508,7 @@ def speculative_generate(
     fixed = fixed_budget(spec, use_tree)
     auto = AutoBudget(target, draft, spec, use_tree) if spec.budget == "auto" and isinstance(draft, Eagle3Draft) else None
     plain_steps = 0
-    draft_s = verify_s = 0.0
+    draft_s = verify_s = plain_s = 0.0
     out: list[int] = []
     stop = "length"
 
@@ -552,7 +547,7 @@ def speculative_generate(
                 logits = model(input_ids=root.reshape(1, 1), past_key_values=cache, use_cache=True).logits[0, -1]
                 root = next_token(logits, params, generator)
                 plain_steps += 1
-                verify_s += time.perf_counter() - td
+                plain_s += time.perf_counter() - td
                 done = emit([int(root)])
                 continue
             steps = min(budget.num_steps, max_new_tokens - len(out) - 1)
@@ -598,7 +593,8 @@ def speculative_generate(
         "reach_counts": stats.reach,
         "draft_s": draft_s,
         "verify_s": verify_s,
-        "other_s": max(0.0, seconds - draft_s - verify_s),
+        "plain_s": plain_s,
+        "other_s": max(0.0, seconds - draft_s - verify_s - plain_s),
         "target_forwards": 1 + passes + plain_steps,
         "num_verify_passes": passes,
         "tree": use_tree,

@@ -271,6 +271,7 @@ def use_invariant_attention(model, kernel: str = "auto") -> None:
 
 
 def kernels_available() -> bool:
+    """Do the compiled kernels build and run on this machine (`target.rowdot.available`, cached per process)?"""
     from specwire.target.rowdot import available
 
     return available()[0]

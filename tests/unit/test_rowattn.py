@@ -95,4 +95,3 @@ def test_the_model_runs_it_here(tiny_target, monkeypatch):
     with torch.no_grad():
         target.model(input_ids=torch.tensor([[1, 5, 9, 2]]))
     assert calls, "the invariant attention did not call the compiled kernel"
-

@@ -23,11 +23,12 @@
 #include <math.h>
 #include <stdint.h>
 
-static inline float fold8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    t = _mm_add_ss(t, _mm_shuffle_ps(t, t, 1));
-    return _mm_cvtss_f32(t);
+#include "rowkernels.h"
+
+/* Does query row i see key j? The cached prefix (j < past) always; this pass's key past + t where tail[i, t]
+ * (tail NULL: t <= i, causal). */
+static inline int sees(int64_t j, int64_t i, int64_t past, int64_t Tq, const uint8_t *tail) {
+    return j < past || (tail ? tail[i * Tq + (j - past)] : j - past <= i);
 }
 
 static inline float dot(const float *a, const float *b, int64_t n) {
@@ -66,27 +67,6 @@ static inline __m256 tail_mask(int64_t k) {
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)k), lane));
 }
 
-/* dot(a, b[r]) for the 4 rows b, b + ldb, b + 2 ldb, b + 3 ldb: each the same chain as dot(), run side by
- * side so the four chains hide each other's latency. */
-static inline void dot4(const float *a, const float *b, int64_t ldb, int64_t n, float *r) {
-    __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps(), c3 = _mm256_setzero_ps();
-    const int64_t n8 = n & ~(int64_t)7;
-    for (int64_t d = 0; d < n8; d += 8) {
-        const __m256 av = _mm256_loadu_ps(a + d);
-        c0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + d), c0);
-        c1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + ldb + d), c1);
-        c2 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + 2 * ldb + d), c2);
-        c3 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + 3 * ldb + d), c3);
-    }
-    r[0] = fold8(c0), r[1] = fold8(c1), r[2] = fold8(c2), r[3] = fold8(c3);
-    for (int64_t d = n8; d < n; d++) {
-        r[0] = fmaf(a[d], b[d], r[0]);
-        r[1] = fmaf(a[d], b[ldb + d], r[1]);
-        r[2] = fmaf(a[d], b[2 * ldb + d], r[2]);
-        r[3] = fmaf(a[d], b[3 * ldb + d], r[3]);
-    }
-}
-
 /* q: [Tq, H, dk] at strides (qs_t, qs_h), k: [Hkv, Tk, dk] at (ks_h, ks_t), v: [Hkv, Tk, dv] at (vs_h, vs_t),
  * innermost dimensions contiguous. Row i sees keys 0..past-1, then past + j for j < Tq where tail[i * Tq + j]
  * (tail NULL: j <= i, causal). work: [Tq * H, past + Tq] floats. out: [Tq, H, dv], contiguous. */
@@ -102,10 +82,8 @@ void specwire_rowattn_f32(const float *q, int64_t Tq, int64_t H, int64_t dk, int
         const float *kb = k + kh * ks_h, *vb = v + kh * vs_h;
         float *s = work + p * width;
         int64_t n = 0;
-        for (; n + 4 <= past; n += 4) dot4(qi, kb + n * ks_t, ks_t, dk, s + n); /* the cached prefix: all seen */
-        for (; n < past; n++) s[n] = dot(qi, kb + n * ks_t, dk);
-        for (int64_t t = 0; t < Tq; t++)                                        /* this pass's keys: as masked */
-            if (tail ? tail[i * Tq + t] : t <= i) s[n++] = dot(qi, kb + (past + t) * ks_t, dk);
+        for (int64_t j = 0; j < width; j++)
+            if (sees(j, i, past, Tq, tail)) s[n++] = dot(qi, kb + j * ks_t, dk);
         float m = -INFINITY;
         for (int64_t j = 0; j < n; j++) {
             s[j] *= scale;
@@ -140,10 +118,7 @@ void specwire_rowattn_f32(const float *q, int64_t Tq, int64_t H, int64_t dk, int
             for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
             int64_t r = 0;
             for (int64_t j = 0; j < width; j++) {
-                if (j >= past) {
-                    const int64_t t = j - past;
-                    if (tail ? !tail[i * Tq + t] : t > i) continue;
-                }
+                if (!sees(j, i, past, Tq, tail)) continue;
                 const __m256 ev = _mm256_set1_ps(s[r++]);
                 const float *vj = vb + j * vs_t + d0;
                 if (nv == 8)
@@ -157,10 +132,7 @@ void specwire_rowattn_f32(const float *q, int64_t Tq, int64_t H, int64_t dk, int
             float a = 0.0f;
             int64_t r = 0;
             for (int64_t j = 0; j < width; j++) {
-                if (j >= past) {
-                    const int64_t t = j - past;
-                    if (tail ? !tail[i * Tq + t] : t > i) continue;
-                }
+                if (!sees(j, i, past, Tq, tail)) continue;
                 a = fmaf(s[r++], vb[j * vs_t + d], a);
             }
             o[d] = a;

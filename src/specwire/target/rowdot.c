@@ -20,12 +20,8 @@
 #include <math.h>
 #include <stdint.h>
 
-static inline float fold8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* lane i + lane i+4 */
-    __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));                                 /* (0+4)+(2+6), (1+5)+(3+7) */
-    t = _mm_add_ss(t, _mm_shuffle_ps(t, t, 1));
-    return _mm_cvtss_f32(t);
-}
+#include "rowkernels.h"
+
 
 /* y[i, j] (+ bias[j]) for i < R, j < C: x rows ldx apart, w rows K apart, y rows ldy apart. R and C are
  * compile-time constants at every call, so the accumulators live in registers. */

@@ -1,6 +1,6 @@
 """The compiled row-invariant float32 kernels: build, load, and the product behind `--linear rowdot`.
 
-Scope: building `rowdot.c` and `rowattn.c` (beside this file) into one shared library on first use, cached
+Scope: building `rowdot.c` and `rowattn.c` (beside this file, sharing `rowkernels.h`) into one shared library on first use, cached
 under `$SPECWIRE_HOME/kernels` by a hash of the sources, flags and compiler; loading it with ctypes;
 `available` (can this machine run it, and if not, why); `rowdot` (x @ W.T + b through it) and `library`
 (for `attention.compiled_attention`, the attention kernel's caller). Does not own the module that swaps a
@@ -34,14 +34,15 @@ import torch
 from specwire.errors import SpecwireError
 
 log = logging.getLogger("specwire")
-SOURCES = (Path(__file__).with_name("rowdot.c"), Path(__file__).with_name("rowattn.c"))
+SOURCES = (Path(__file__).with_name("rowdot.c"), Path(__file__).with_name("rowattn.c"))  # compiled into one library
+HEADERS = (Path(__file__).with_name("rowkernels.h"),)  # included by the sources (part of their digest)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared")  # no -ffast-math: the order is the point
 ABI = 2  # `specwire_rowdot_abi()` of the sources this module calls
 
 
 def source_digest() -> str:
     """A hash of the kernels' sources and flags: what the cost curves cached under SPECWIRE_HOME were measured with."""
-    return hashlib.sha256("\0".join([*(src.read_text() for src in SOURCES), *FLAGS]).encode()).hexdigest()[:16]
+    return hashlib.sha256("\0".join([*(f.read_text() for f in SOURCES + HEADERS), *FLAGS]).encode()).hexdigest()[:16]
 
 
 def compiler() -> str | None:
@@ -77,8 +78,7 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"the C compiler {cc} does not run ({e})"
-    texts = [src.read_text() for src in SOURCES]
-    digest = hashlib.sha256("\0".join([*texts, *FLAGS, cc, *version]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256("\0".join([source_digest(), cc, *version]).encode()).hexdigest()[:16]
     lib_path = specwire_home() / "kernels" / f"specwire-kernels-{digest}.so"
     if not lib_path.is_file():
         log.info("building the row-invariant kernels with %s (once; cached as %s)", cc, lib_path)

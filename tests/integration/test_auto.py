@@ -2,19 +2,25 @@
 
 Tiny targets with random drafts (whose live acceptance is near zero) and an acceptance.json that
 claims a good draft: auto starts by speculating, learns from the rounds, and the output stays plain
-greedy decoding's. Slow: the built-in target with the shipped draft in bf16, where auto's output must
+greedy decoding's. Once it has gone plain it probes again after `PROBE_AFTER` plain steps, and the draft
+then reads exactly the target states of the positions it skipped; what it learnt of the machine's speed
+is carried to the next request. Slow: the built-in target with the shipped draft in bf16, where auto's output must
 equal plain decoding's bit for bit on real prompts.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from helpers import make_draft_dir, prompt_of
-from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
+from specwire.decode import engine, kernels
+from specwire.decode.engine import AutoBudget, SpecConfig, load_engine_draft, speculative_generate
 from specwire.decode.plain import plain_generate
 from specwire.draft.acceptance import DraftAcceptance, read_acceptance, write_acceptance
 from specwire.errors import SpecwireError
+from specwire.target.capture import capture_hooks
+from specwire.target.hardware import CostCurve
 from specwire.target.load import load_target
 
 CLAIMED = DraftAcceptance(step_accuracy=[0.9] * 5, step_accuracy_topk=[0.97] * 5, topk=4, source="test")
@@ -39,6 +45,59 @@ def test_auto_is_lossless_reports_its_budgets_and_learns(tiny_target, tmp_path, 
         # plain steps are timed apart from verify passes (a round's measured cost must not include them)
         assert (res.extra["plain_s"] > 0) == (res.extra["plain_steps"] > 0)
         assert res.extra["verify_s"] > 0 and res.extra["other_s"] >= 0
+
+
+def test_auto_probes_after_plain_steps_and_the_draft_reads_the_skipped_positions(tiny_target, tmp_path, monkeypatch):
+    target = load_target(tiny_target("llama"), device="cpu")
+    folder = make_draft_dir(target, tmp_path / "draft")
+    write_acceptance(folder, CLAIMED)
+    draft = load_engine_draft(folder, target)
+    fed = []  # (states, tokens, start) of every proposal: a spy around the real proposer
+    real = engine.EagleProposer.propose
+
+    def spy(self, states, tokens, start, **kw):
+        fed.append((states.clone(), tokens.clone(), start))
+        return real(self, states, tokens, start, **kw)
+
+    monkeypatch.setattr(engine.EagleProposer, "propose", spy)
+    # a curve on which a multi-token pass costs 2x a plain step (a tiny target's own curve is flat and noisy),
+    # so the random draft's zero acceptance sends auto to plain steps, whatever else runs on the machine
+    steep = CostCurve("float32/torch", list(range(1, 18)), [10.0] + [20.0] * 16, min_rows=1, invariant=True)
+    monkeypatch.setattr(kernels, "cost_curve", lambda target: steep)
+    prompt = prompt_of(6, seed=3)
+    n = 4 * engine.PROBE_AFTER
+    ref = plain_generate(target, prompt, max_new_tokens=n, stop_on_eos=False)
+    res = speculative_generate(target, draft, prompt, max_new_tokens=n, spec=SpecConfig(tree=False), stop_on_eos=False)
+    assert res.output_ids == ref.output_ids
+    report = res.extra["budget_used"]
+    assert report["probes"] >= 1 and res.extra["plain_steps"] >= engine.PROBE_AFTER, report
+    # every proposal after the first reads the target's own states at positions start.., whatever ran before
+    seq = torch.tensor([prompt + res.output_ids])
+    with capture_hooks(target.parts, draft.config.wiring.hs_ids) as store:
+        target.model(input_ids=seq)
+        full = torch.cat([store[i] for i in draft.config.wiring.hs_ids], dim=-1)[0]  # shape: [len, n*H]
+    backlogs = [t.shape[0] for _, t, _ in fed[1:]]
+    assert max(backlogs) > engine.PROBE_AFTER  # a probe's first round reads the plain steps' positions
+    for states, tokens, start in fed[1:]:
+        T = tokens.shape[0]
+        assert tokens.tolist() == seq[0, start + 1:start + 1 + T].tolist()
+        torch.testing.assert_close(states, full[start:start + T], rtol=1e-4, atol=1e-4)
+
+
+def test_auto_carries_what_it_learnt_of_the_machine_to_the_next_request(tiny_target, tmp_path):
+    target = load_target(tiny_target("llama"), device="cpu")
+    folder = make_draft_dir(target, tmp_path / "draft")
+    write_acceptance(folder, CLAIMED)
+    draft = load_engine_draft(folder, target)
+    fresh = AutoBudget(target, draft, SpecConfig(), tree=True)
+    assert (fresh.cost.scale, fresh.cost.overhead_ms) == (1.0, 0.0)
+    res = speculative_generate(target, draft, prompt_of(8), max_new_tokens=24, spec=SpecConfig(), stop_on_eos=False)
+    learnt = res.extra["budget_used"]
+    assert learnt["scale"] != 1.0
+    carried = AutoBudget(target, draft, SpecConfig(), tree=True)
+    assert round(carried.cost.scale, 3) == learnt["scale"] and round(carried.cost.overhead_ms, 3) == learnt["overhead_ms"]
+    other = load_engine_draft(folder, target)  # another draft object: its own costs, learnt afresh
+    assert AutoBudget(target, other, SpecConfig(), tree=True).cost.scale == 1.0
 
 
 def test_auto_stays_within_its_caps(tiny_target, tmp_path):

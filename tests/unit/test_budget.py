@@ -5,6 +5,8 @@
 - It behaves as the maths says at the extremes: a flat (AMX-like) curve and a good draft give a deep
   tree; a steep curve and a weak draft give no speculation; live rounds that accept nothing turn it off.
 - A cost cache measured under another key (foreign or stale) is ignored, never trusted.
+- Live timings that are all slower than the curve move its scale, not the per-round overhead, so a slower
+  machine does not turn speculation off; a probe is the best budget that speculates.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 
 import pytest
 
-from specwire.decode.budget import AcceptanceModel, Budget, CostModel, choose_budget
+from specwire.decode.budget import AcceptanceModel, Budget, CostModel, candidates, choose_budget, evaluate
 
 FLAT = {T: 30.0 + 0.2 * T for T in range(1, 18)}  # bf16 on AMX: 16 tokens cost about what 1 does
 STEEP = {T: 30.0 * (1 + 0.18 * (T - 1)) for T in range(1, 18)}  # fp32: a 6-token pass ~1.9x a 1-token one
@@ -160,3 +162,36 @@ def test_engine_refuses_a_foreign_cache_and_measures(tiny_target, tmp_path, monk
     target2 = load_target(tiny_target("llama"), device="cpu")  # a matching cache is used, not re-measured
     monkeypatch.setattr(kernels, "measure_curve", lambda *a, **k: pytest.fail("re-measured a valid cache"))
     assert kernels.cost_curve(target2).ms == curve.ms
+
+
+def test_a_uniformly_slower_machine_scales_both_sides_and_keeps_speculating():
+    """Live passes and rounds all 1.6x the curve (another job, a slower clock): the learnt scale takes it,
+    not the per-round overhead, so the choice is the one over the curve itself (a ratio is unchanged)."""
+    acc = AcceptanceModel(*GOOD)
+    draft_ms = {w: 1.0 for w in (1, 2, 3, 4)}
+    caps = dict(max_steps=7, max_topk=4, max_tokens=16, tree=True)
+    reference = choose_budget(acc, CostModel(STEEP, draft_ms), **caps).budget
+    assert reference.num_steps > 0
+    cost = CostModel(STEEP, draft_ms)
+    for _ in range(60):
+        b = choose_budget(acc, cost, **caps).budget
+        cost.learn_pass(b.pass_tokens, 1.6 * STEEP[b.pass_tokens])
+        cost.learn_round(b, 1.6 * STEEP[b.pass_tokens] + b.num_steps * 1.0)  # draft steps at their measured cost
+        cost.learn_pass(1, 1.6 * STEEP[1])
+    assert cost.scale == pytest.approx(1.6, rel=1e-3) and cost.overhead_ms == pytest.approx(0.0, abs=1e-3)
+    assert choose_budget(acc, cost, **caps).budget == reference
+    # a true per-round overhead is still learnt as overhead
+    for _ in range(60):
+        cost.learn_round(reference, cost.round_ms(reference) - cost.overhead_ms + 7.0)
+    assert cost.overhead_ms == pytest.approx(7.0, rel=1e-3)
+
+
+def test_a_probe_is_the_best_budget_that_speculates():
+    acc, cost = AcceptanceModel(*WEAK), CostModel(CLIFF, {w: 1.7 for w in (1, 2, 3, 4)})
+    caps = dict(max_steps=5, max_topk=4, max_tokens=16, tree=True)
+    assert choose_budget(acc, cost, **caps).budget == Budget(0)
+    probe = choose_budget(acc, cost, **caps, speculate=True)
+    assert probe.budget.num_steps > 0
+    best = max((c for c in (evaluate(b, acc, cost) for b in candidates(5, 4, 16, tree=True, depth=acc.depth))
+                if c.budget.num_steps), key=lambda c: c.tokens_per_s)
+    assert probe.tokens_per_s == pytest.approx(best.tokens_per_s)

@@ -2,7 +2,8 @@
 
 Every row of a product is bitwise the row a one-row product gives, for every row count and at every
 place among the rows, with and without bias, for widths that do and do not fill its 32-wide steps; the
-values are nn.Linear's to float rounding; a model swapped to it gives nn.Linear's logits to rounding and
+values are nn.Linear's to float rounding; a bf16 weight gives bitwise the float32 product over its widened
+values, and a served draft stored in bf16 reads its weights so; a model swapped to it gives nn.Linear's logits to rounding and
 runs F.linear under autograd, in the stock baseline and for prefills; and where it cannot run, asking for it is
 refused with the reason.
 """
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import random_tiny_draft
+from specwire.draft.checkpoint import load_draft, save_draft
 from specwire.errors import SpecwireError
 from specwire.target import attention
 from specwire.target import rowdot as rowdot_mod
@@ -36,6 +38,16 @@ def test_rows_are_bitwise_independent_of_the_rows_beside_them(n, k, bias):
     y = rowdot(x[3:11], w, b)  # a row keeps its result wherever it sits
     assert all(torch.equal(y[i], single[3 + i]) for i in range(8))
     torch.testing.assert_close(rowdot(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("n,k,bias", [(96, 64, False), (37, 100, True), (5, 7, True), (300, 576, False)])
+def test_a_bf16_weight_gives_bitwise_the_float32_product_over_its_widened_values(n, k, bias):
+    g = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g) if bias else None
+    x = torch.randn(17, k, generator=g)
+    for m in (1, 2, 5, 17):
+        assert torch.equal(rowdot(x[:m], w, b), rowdot(x[:m], w.float(), b)), f"M={m}"
 
 
 def test_threads_do_not_change_a_row():
@@ -129,3 +141,14 @@ def test_the_engine_draft_takes_the_targets_kernel(tiny_target, tmp_path):
     h = torch.randn(1, 3, a.config.hidden_size)
     with torch.no_grad():
         torch.testing.assert_close(b.lm_head(h), a.lm_head(h), rtol=1e-5, atol=1e-5)
+    # float32 weights that are not bf16 numbers are read as they are; a draft stored in bf16 is read as bf16,
+    # with bitwise the products of its float32 form
+    assert all(m.weight_bf16 is None for m in b.modules() if isinstance(m, RowDotLinear))
+    stored = save_draft(load_draft(ckpt), tmp_path / "d16", dtype=torch.bfloat16)
+    c = load_engine_draft(stored, fast)
+    layers = [m for m in c.modules() if isinstance(m, RowDotLinear)]
+    assert layers and all(m.weight_bf16 is not None for m in layers)
+    with torch.no_grad():
+        for m in layers:
+            x = torch.randn(3, m.in_features)
+            assert torch.equal(m(x), rowdot(x, m.weight, m.bias))

@@ -41,6 +41,7 @@ from specwire.decode.plain import check_request, plain_generate
 from specwire.errors import SpecwireError
 from specwire.target.attention import ATTENTION_NAME, kernels_available
 from specwire.target.cpu import cpu_features, cpu_model
+from specwire.target.hardware import synchronize
 
 # ---- machine -------------------------------------------------------------------------------------------
 
@@ -76,11 +77,6 @@ def machine_info(device: torch.device, dtype: torch.dtype, model: torch.nn.Modul
 Runner = Callable[[list[int], int], PromptRun]  # (prompt_ids, max_new_tokens) -> PromptRun (method/prompt_id unset)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _hf_runner(target, *, prompt_lookup: bool) -> Runner:
     """transformers `generate`, greedy, batch 1, on transformers' own kernels (sdpa, unpadded linear layers: see
     `target.invariance.stock_kernels`); counts target passes with a forward pre-hook."""
@@ -106,10 +102,10 @@ def _hf_runner(target, *, prompt_lookup: bool) -> Runner:
         try:
             with warnings.catch_warnings(), torch.inference_mode(), stock_kernels(target.model):
                 warnings.simplefilter("ignore")
-                _sync(target.device)
+                synchronize(target.device)
                 t0 = time.perf_counter()
                 out = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
-                _sync(target.device)
+                synchronize(target.device)
                 seconds = time.perf_counter() - t0
         finally:
             handle.remove()
@@ -122,9 +118,9 @@ def _hf_runner(target, *, prompt_lookup: bool) -> Runner:
 
 def _plain_runner(target) -> Runner:
     def run(prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
-        _sync(target.device)
+        synchronize(target.device)
         res = plain_generate(target, prompt_ids, max_new_tokens=max_new_tokens)
-        _sync(target.device)
+        synchronize(target.device)
         return PromptRun("", "", len(prompt_ids), list(res.output_ids), res.seconds, res.target_forwards,
                          res.stop_reason, dict(res.extra))
 
@@ -136,9 +132,9 @@ def _engine_runner(target, draft, spec: SpecConfig, *, tree: bool) -> Runner:
     spec = dataclasses.replace(spec, tree=tree)
 
     def run(prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
-        _sync(target.device)
+        synchronize(target.device)
         res = speculative_generate(target, draft, prompt_ids, max_new_tokens=max_new_tokens, tree=tree, spec=spec)
-        _sync(target.device)
+        synchronize(target.device)
         return PromptRun("", "", len(prompt_ids), list(res.output_ids), res.seconds, res.target_forwards,
                          res.stop_reason, dict(res.extra))
 

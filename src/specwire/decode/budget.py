@@ -19,6 +19,11 @@ t_j (w = topk), and scaled by how much of the top-w fan the n tokens can hold al
 and C = target(n + 1) + draft(1) + (k - 1) draft(w) + overhead. No speculation (k = 0) gives E = 1 at
 C = target(1). `auto` picks the budget with the largest E / C; ties go to the smaller budget.
 
+Live costs: the curve was measured once, on a machine whose speed drifts (other jobs, context length,
+clock). Each timed target pass moves `scale` (observed / curve ms) and each timed round moves the
+overhead (what the scaled target and the draft do not explain), so plain steps and speculative rounds
+are compared at today's speed: a slower machine scales both sides, not only the speculative one.
+
 Live corrections: the engine reports, per draft position, how often it was reached and accepted under
 the budget it ran. The model keeps, per position, the posterior of a Beta-like update with
 `PRIOR_ROUNDS` pseudo-rounds at the modelled rate of the budgets that ran, and scales every budget, chain
@@ -30,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PRIOR_ROUNDS = 16.0  # weight of the offline acceptance against live rounds
+LEARN_RATE = 0.2  # weight of one timed pass or round in the learnt scale and overhead (an EMA)
 DEFAULT_ACCEPTANCE = (0.3, 0.25, 0.2, 0.2, 0.2)  # a cautious prior for a draft with no acceptance.json
 DEFAULT_ACCEPTANCE_TOPK = (0.5, 0.45, 0.4, 0.4, 0.4)
 
@@ -63,16 +69,28 @@ class Budget:
 class CostModel:
     """What a round costs, in ms."""
 
-    target_ms: dict[int, float]  # pass size T -> ms of one target pass over T tokens
+    target_ms: dict[int, float]  # pass size T -> ms of one target pass over T tokens (the measured curve)
     draft_ms: dict[int, float]  # width w -> ms of one draft step over w rows
     overhead_ms: float = 0.0  # per speculative round, outside target and draft (bookkeeping)
+    scale: float = 1.0  # the target's passes now against the curve's (observed ms / curve ms), learnt live
 
     def target(self, T: int) -> float:
         known = sorted(self.target_ms)
         for t in known:
             if t >= T:
-                return self.target_ms[t]
-        return self.target_ms[known[-1]] * T / known[-1]  # past the curve: assume linear growth
+                return self.target_ms[t] * self.scale
+        return self.target_ms[known[-1]] * T / known[-1] * self.scale  # past the curve: assume linear growth
+
+    def learn_pass(self, T: int, ms: float) -> None:
+        """One timed target pass over T tokens: moves `scale` towards observed / curve (an EMA, LEARN_RATE)."""
+        curve = self.target(T) / self.scale
+        if curve > 0 and ms > 0:
+            self.scale = (1 - LEARN_RATE) * self.scale + LEARN_RATE * ms / curve
+
+    def learn_round(self, b: Budget, ms: float) -> None:
+        """One timed speculative round: what the model (scaled target, draft) does not explain is overhead."""
+        explained = self.round_ms(b) - self.overhead_ms
+        self.overhead_ms = max(0.0, (1 - LEARN_RATE) * self.overhead_ms + LEARN_RATE * (ms - explained))
 
     def draft(self, w: int) -> float:
         known = sorted(self.draft_ms)
@@ -158,11 +176,13 @@ class Choice:
         return 1000.0 * self.tokens_per_round / self.ms_per_round if self.ms_per_round > 0 else 0.0
 
 
-def candidates(max_steps: int, max_topk: int, max_tokens: int, *, tree: bool, depth: int) -> list[Budget]:
-    """Every budget within the caps: none, chains of depth 1..max_steps, trees of depth 2..max_steps, branching
-    2..max_topk and max(depth, ...) .. max_tokens tokens. Depth is also capped by the acceptance profile's length."""
+def candidates(max_steps: int, max_topk: int, max_tokens: int, *, tree: bool, depth: int,
+               speculate: bool = False) -> list[Budget]:
+    """Every budget within the caps: none (unless `speculate`), chains of depth 1..max_steps, trees of depth
+    2..max_steps, branching 2..max_topk and max(depth, ...) .. max_tokens tokens. Depth is also capped by the
+    acceptance profile's length."""
     k_max = min(max_steps, depth)
-    out = [Budget(0)] + [Budget(k) for k in range(1, k_max + 1)]
+    out = ([] if speculate and k_max else [Budget(0)]) + [Budget(k) for k in range(1, k_max + 1)]
     if tree:
         for k in range(2, k_max + 1):
             for w in range(2, max_topk + 1):
@@ -177,10 +197,11 @@ def evaluate(b: Budget, acceptance: AcceptanceModel, cost: CostModel) -> Choice:
 
 
 def choose_budget(acceptance: AcceptanceModel, cost: CostModel, *, max_steps: int, max_topk: int, max_tokens: int,
-                  tree: bool) -> Choice:
-    """The budget of highest expected tokens per second (ties: the first, i.e. the smaller, in `candidates` order)."""
+                  tree: bool, speculate: bool = False) -> Choice:
+    """The budget of highest expected tokens per second (ties: the first, i.e. the smaller, in `candidates` order).
+    `speculate`: the best that speculates (a probe: what plain decoding cannot measure)."""
     best: Choice | None = None
-    for b in candidates(max_steps, max_topk, max_tokens, tree=tree, depth=acceptance.depth):
+    for b in candidates(max_steps, max_topk, max_tokens, tree=tree, depth=acceptance.depth, speculate=speculate):
         c = evaluate(b, acceptance, cost)
         if best is None or c.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
             best = c

@@ -41,12 +41,15 @@ Metrics in `GenerationResult.extra`:
   target_forwards, num_verify_passes, tree (the mode actually used), tree_fallback (why not, if so).
   budget               "auto" or "fixed"; budget_used: rounds per budget label ("none": plain steps that
                        `auto` chose instead of speculating), and under auto the costs it used (target_ms by
-                       pass size, draft_ms by width, the learnt overhead_ms); plain_steps.
+                       pass size, draft_ms by width, the learnt overhead_ms and scale, probes); plain_steps.
 
 Under `SpecConfig.budget == "auto"` (`AutoBudget`, maths in `decode.budget`) each round's depth, branching and
 token count are chosen every REPLAN_EVERY rounds from the target's cost curve (`decode.kernels.cost_curve`),
 the draft's measured step cost (`draft_step_ms`) and its acceptance (acceptance.json, corrected by the
-request's own rounds). When no speculation pays, the request continues with plain steps.
+request's own rounds). When no speculation pays, the request takes plain steps, and after PROBE_AFTER of
+them speculates for one replan period again; the draft then first reads the positions it skipped. Every
+target pass and round is timed: the curve's live scale and the per-round overhead are learnt from them
+and carried to the next request of the same target and draft (`_learnt_costs`).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ import torch.nn.functional as F
 
 from specwire.target.capture import capture_hooks
 from specwire.target.fastlinear import linear_kind, rowdot_linears
+from specwire.target.hardware import synchronize
 from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import AttendFn, Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
@@ -156,7 +160,9 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
         )
     draft.attach_embeddings(target.parts.embed)
     if linear_kind(target.model) == "rowdot":  # the draft's products take the target's kernel: on a CPU without
-        rowdot_linears(draft)  # native bf16 its one-row product is the faster (speed only: a draft needs no invariance)
+        # native bf16 its one-row product is the faster (speed only: a draft needs no invariance); a draft stored
+        # in bf16 is read as bf16, exactly the same products at half the bytes
+        rowdot_linears(draft, bf16_weights=True)
     return draft
 
 
@@ -359,7 +365,10 @@ def keep_accepted(cache, past: int, keep: list[int]) -> None:
 # ---- the speculation budget per round -------------------------------------------------------------------
 
 REPLAN_EVERY = 4  # rounds between two budget choices under `auto`
+PROBE_AFTER = 32  # plain steps under `auto` before it speculates again for one replan period
 _draft_costs: "weakref.WeakKeyDictionary[Eagle3Draft, dict]" = weakref.WeakKeyDictionary()
+# target model -> draft -> (scale, overhead_ms) that `auto` learnt, carried from one request to the next
+_learnt_costs: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
 
 
 @torch.inference_mode()
@@ -399,7 +408,10 @@ class AutoBudget:
     """`auto`: the budget of each round, from the target's cost curve, the draft's step cost and acceptance.
 
     The acceptance starts from the draft's acceptance.json (a cautious prior without one) and learns from
-    the request's own rounds; the per-round overhead is learnt from the rounds' wall time.
+    the request's own rounds. The cost curve's live scale and the per-round overhead are learnt from timed
+    passes and rounds, and carried to the next request of the same target and draft. After `PROBE_AFTER`
+    plain steps it speculates for one replan period (a probe), since plain steps teach it nothing about
+    acceptance: a draft that lost on a hard passage may win on the next.
     """
 
     def __init__(self, target: Target, draft: Eagle3Draft, spec: SpecConfig, tree: bool):
@@ -413,31 +425,46 @@ class AutoBudget:
         curve = cost_curve(target)
         widths = tuple(range(1, max(1, spec.topk if tree else 1) + 1))
         self.cost = CostModel(dict(zip(curve.tokens, curve.ms)), draft_step_ms(draft, widths))
+        self._learnt = _learnt_costs.setdefault(target.model, weakref.WeakKeyDictionary())
+        self._draft = draft
+        self.cost.scale, self.cost.overhead_ms = self._learnt.get(draft, (1.0, 0.0))
         self.spec, self.tree = spec, tree
         self.current: Budget | None = None
         self.rounds = 0
+        self.plain_run = 0  # plain steps since the last speculative round
+        self.probes = 0
         self.used: dict[str, int] = {}
 
     def next(self) -> Budget:
         if self.current is None or self.rounds % REPLAN_EVERY == 0:
+            probe = self.current is not None and self.current.num_steps == 0 and self.plain_run >= PROBE_AFTER
             self.current = choose_budget(self.acceptance, self.cost, max_steps=self.spec.num_steps,
                                          max_topk=self.spec.topk, max_tokens=self.spec.num_draft_tokens,
-                                         tree=self.tree).budget
+                                         tree=self.tree, speculate=probe).budget
+            self.probes += probe
         self.rounds += 1
+        self.plain_run = self.plain_run + 1 if self.current.num_steps == 0 else 0
         self.used[self.current.label()] = self.used.get(self.current.label(), 0) + 1
         return self.current
 
+    def observe_pass(self, T: int, ms: float) -> None:
+        """One timed target pass over T tokens (a plain step or a verify pass)."""
+        self.cost.learn_pass(T, ms)
+        self._learnt[self._draft] = (self.cost.scale, self.cost.overhead_ms)
+
     def observe(self, budget: Budget, depth: int, accepted: int, round_ms: float | None) -> None:
         """One round's outcome: the tree's depth, the draft tokens accepted, and its wall time (None: a round whose
-        time says nothing about the next ones, such as the first, where the draft reads the whole prompt)."""
+        time says nothing about the next ones, such as one where the draft first reads the prompt or a backlog of
+        plain steps)."""
         k = min(depth, budget.num_steps)
         self.acceptance.observe(budget, [int(accepted >= j) for j in range(k)], [int(accepted > j) for j in range(k)])
         if round_ms is not None:
-            predicted = self.cost.round_ms(budget) - self.cost.overhead_ms
-            self.cost.overhead_ms = max(0.0, 0.8 * self.cost.overhead_ms + 0.2 * (round_ms - predicted))
+            self.cost.learn_round(budget, round_ms)
+            self._learnt[self._draft] = (self.cost.scale, self.cost.overhead_ms)
 
     def report(self) -> dict:
         return {"budgets_used": dict(self.used), "overhead_ms": round(self.cost.overhead_ms, 3),
+                "scale": round(self.cost.scale, 3), "probes": self.probes,
                 "target_ms": {t: round(v, 2) for t, v in self.cost.target_ms.items() if t in (1, 2, 4, 8, 16, 17)},
                 "draft_ms": {w: round(v, 3) for w, v in self.cost.draft_ms.items()}}
 
@@ -543,9 +570,13 @@ def speculative_generate(
         while not done:
             td = time.perf_counter()
             budget = auto.next() if auto else fixed
-            if budget.num_steps == 0:  # auto found no speculation that pays: plain steps from here on
+            if budget.num_steps == 0:  # auto found no speculation that pays: a plain step
                 logits = model(input_ids=root.reshape(1, 1), past_key_values=cache, use_cache=True).logits[0, -1]
                 root = next_token(logits, params, generator)
+                synchronize(dev)
+                auto.observe_pass(1, 1000 * (time.perf_counter() - td))
+                # the draft reads these positions when auto speculates again
+                states, tokens = torch.cat([states, fused()]), torch.cat([tokens, root.reshape(1)])
                 plain_steps += 1
                 plain_s += time.perf_counter() - td
                 done = emit([int(root)])
@@ -554,6 +585,7 @@ def speculative_generate(
             round_spec = SpecConfig(num_steps=budget.num_steps, topk=max(1, budget.topk),
                                     num_draft_tokens=max(1, budget.num_draft_tokens or budget.num_steps),
                                     tree=not budget.is_chain, budget="fixed")
+            backlog = tokens.shape[0]  # positions the draft reads first: 1 + accepted, more after a prompt or plain steps
             dtree = proposer.propose(states, tokens, past, steps=steps, spec=round_spec, tree=not budget.is_chain,
                                      params=params, generator=generator)
             tv = time.perf_counter()
@@ -563,8 +595,12 @@ def speculative_generate(
                 mask, positions = None, None
             else:
                 mask, positions = target_tree_mask(dtree, past, target), (dtree.positions() + past)[None]
+            tf = time.perf_counter()
             logits = model(input_ids=dtree.tokens[None], position_ids=positions, attention_mask=mask,
                            past_key_values=cache, use_cache=True).logits[0]  # shape: [N+1, V]
+            if auto:
+                synchronize(dev)
+                auto.observe_pass(dtree.size, 1000 * (time.perf_counter() - tf))
             if params.greedy:
                 res = verify_greedy(dtree, logits.argmax(-1))
             else:
@@ -582,7 +618,7 @@ def speculative_generate(
             verify_s += time.perf_counter() - tv
             if auto and dtree.size > 1:
                 auto.observe(budget, dtree.max_depth, res.num_accepted,
-                             1000 * (time.perf_counter() - td) if stats.passes > 1 else None)
+                             1000 * (time.perf_counter() - td) if backlog <= budget.num_steps + 1 else None)
             done = emit(res.tokens)
     seconds = time.perf_counter() - t0
     passes = stats.passes

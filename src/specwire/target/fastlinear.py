@@ -207,16 +207,21 @@ class RowDotLinear(nn.Module):
 
     stock = False
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, *, bf16_weights: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
+        # a bf16 copy that the kernel reads instead, where it holds the weight exactly (same products, half the
+        # bytes); not saved with the module (persistent=False) and not refreshed if the weight later changes
+        packed = linear.weight.detach().to(torch.bfloat16) if bf16_weights else None
+        exact = packed is not None and torch.equal(packed.float(), linear.weight.detach())
+        self.register_buffer("weight_bf16", packed if exact else None, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
         if (self.stock or x.numel() > MAX_INVARIANT_QUERIES * x.shape[-1]
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
-        return rowdot(x, self.weight, self.bias)
+        return rowdot(x, self.weight if self.weight_bf16 is None else self.weight_bf16, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -233,10 +238,12 @@ def _swap_linears(model: nn.Module, make, skip: tuple[str, ...] = ()) -> int:
     return len(swaps)
 
 
-def rowdot_linears(model: nn.Module) -> int:
+def rowdot_linears(model: nn.Module, *, bf16_weights: bool = False) -> int:
     """Replace every nn.Linear under `model` by a `RowDotLinear` (sharing its Parameters, so tied weights stay
-    tied); returns how many were swapped. The caller checks `target.rowdot.available()` first."""
-    return _swap_linears(model, RowDotLinear)
+    tied); returns how many were swapped. `bf16_weights`: each layer whose float32 weights are bf16 numbers
+    (a checkpoint stored in bf16) reads a bf16 copy, with bitwise the same products. The caller checks
+    `target.rowdot.available()` first."""
+    return _swap_linears(model, lambda linear: RowDotLinear(linear, bf16_weights=bf16_weights))
 
 
 def linear_kind(model: nn.Module) -> str:

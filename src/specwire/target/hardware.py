@@ -33,6 +33,12 @@ CACHE_FORMAT = 2
 PASS_TOKENS = tuple(range(1, 18))  # pass sizes measured: a root plus up to 16 draft tokens
 log = logging.getLogger("specwire")
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a timer read next measures it (CPU work is synchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def generation_dtype(requested: str, device: str | None) -> str:
     """The weights dtype for batched generation (datagen, self-instruct): `requested`, or for "auto"
     bfloat16 on CUDA or on a CPU with native bf16 (its GEMMs at 64+ rows run about 4x faster than fp32
@@ -192,8 +198,7 @@ def measure_pass_ms(model, tokens, *, context: int = 256, reps: int = 5, vocab: 
         for T in tokens:
             t0 = time.perf_counter()
             model(xs[T], past_key_values=cache, use_cache=True, logits_to_keep=T)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
+            synchronize(dev)
             if r >= 2:
                 times[T].append(time.perf_counter() - t0)
             cache.crop(context)

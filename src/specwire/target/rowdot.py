@@ -37,7 +37,7 @@ log = logging.getLogger("specwire")
 SOURCES = (Path(__file__).with_name("rowdot.c"), Path(__file__).with_name("rowattn.c"))  # compiled into one library
 HEADERS = (Path(__file__).with_name("rowkernels.h"),)  # included by the sources (part of their digest)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared")  # no -ffast-math: the order is the point
-ABI = 2  # `specwire_rowdot_abi()` of the sources this module calls
+ABI = 3  # `specwire_rowdot_abi()` of the sources this module calls
 
 
 def source_digest() -> str:
@@ -99,6 +99,8 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.specwire_rowdot_f32.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
     lib.specwire_rowdot_f32.restype = None
+    lib.specwire_rowdot_bf16w.argtypes = lib.specwire_rowdot_f32.argtypes
+    lib.specwire_rowdot_bf16w.restype = None
     lib.specwire_rowattn_f32.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, ptr, i64, i64, i64, i64,
                                          ptr, ctypes.c_float, ptr, ptr, ctypes.c_int]
     lib.specwire_rowattn_f32.restype = None
@@ -129,11 +131,13 @@ def require() -> None:
 
 def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N], float32 on CPU, each row bitwise independent
-    of how many rows the call holds. No autograd: for inference passes only."""
+    of how many rows the call holds. A bfloat16 weight is widened as it is read: bitwise the float32 product
+    over weight.float(), at half the weight bytes. No autograd: for inference passes only."""
     lib = library()
-    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":
-        raise SpecwireError(f"rowdot: expected float32 tensors on CPU, found {x.dtype} on {x.device} "
-                            f"with a {weight.dtype} weight.")
+    if (x.dtype != torch.float32 or weight.dtype not in (torch.float32, torch.bfloat16) or x.device.type != "cpu"
+            or (bias is not None and bias.dtype != torch.float32)):
+        raise SpecwireError(f"rowdot: expected float32 inputs (and bias) on CPU with a float32 or bfloat16 weight, "
+                            f"found {x.dtype} on {x.device} with a {weight.dtype} weight.")
     N, K = weight.shape
     if x.shape[-1] != K:
         raise SpecwireError(f"rowdot: expected inputs of width {K}, found {x.shape[-1]}.")
@@ -142,6 +146,7 @@ def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     b = None if bias is None else bias.contiguous()
     y = torch.empty(flat.shape[0], N, dtype=torch.float32)  # shape: [M, N]
     if flat.shape[0]:
-        lib.specwire_rowdot_f32(flat.data_ptr(), flat.shape[0], K, w.data_ptr(), N,
-                                None if b is None else b.data_ptr(), y.data_ptr(), torch.get_num_threads())
+        fn = lib.specwire_rowdot_bf16w if w.dtype == torch.bfloat16 else lib.specwire_rowdot_f32
+        fn(flat.data_ptr(), flat.shape[0], K, w.data_ptr(), N, None if b is None else b.data_ptr(), y.data_ptr(),
+           torch.get_num_threads())
     return y.reshape(*x.shape[:-1], N)

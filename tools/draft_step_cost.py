@@ -1,0 +1,95 @@
+"""What one draft step costs against one target step, for each way the served draft can run its products.
+
+The draft runs once per drafted depth, so its step is paid k times per round: issue 16 asks for at most
+0.04 of a target step. This loads the target as decoding does (`--dtype auto --linear auto`), then the draft
+three ways: nn.Linear, rowdot reading float32 weights, and rowdot reading its bf16 weights (what
+`load_engine_draft` serves when the target runs rowdot; bitwise the same products), and times
+`decode.engine.draft_step_ms` (one step over w rows after --context cached positions) beside one target
+pass over 1 token after the same context. The forms are interleaved round by round, so a burst of load
+on a shared machine spreads over all of them.
+
+    python tools/draft_step_cost.py --threads 2 --dtype float32 --linear rowdot --out docs/bench/draft-step
+
+Writes results.md and results.json into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import torch
+
+from specwire.decode import engine
+from specwire.decode.engine import draft_step_ms, load_engine_draft
+from specwire.decode.kernels import describe_features, load_decoding_target
+from specwire.draft.checkpoint import load_draft
+from specwire.safeio import write_json, write_text
+from specwire.target.fastlinear import linear_kind, rowdot_linears
+from specwire.target.hardware import measure_pass_ms
+
+WIDTHS = (1, 2, 3, 4)
+
+
+def forms(draft_name: str, target) -> dict:
+    """name -> a draft ready to step: the same weights, three ways of computing its products."""
+    out = {}
+    torch_draft = load_draft(draft_name, device=target.device, dtype=target.dtype)
+    torch_draft.attach_embeddings(target.parts.embed)
+    out["nn.Linear"] = torch_draft
+    if linear_kind(target.model) == "rowdot":
+        f32 = load_draft(draft_name, device=target.device, dtype=target.dtype)
+        f32.attach_embeddings(target.parts.embed)
+        rowdot_linears(f32)
+        out["rowdot, float32 weights"] = f32
+        out["rowdot, bf16 weights (served)"] = load_engine_draft(draft_name, target)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--draft", default="smollm2-135m-eagle3")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=300, help="positions already cached (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
+    ap.add_argument("--dtype", default="auto", help="the target's, as in decoding (default: %(default)s)")
+    ap.add_argument("--linear", default="auto", help="the target's, as in decoding (default: %(default)s)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    target = load_decoding_target(args.target, dtype=args.dtype, linear=args.linear)
+    drafts = forms(args.draft, target)
+    step: list[float] = []
+    draft_ms: dict[str, dict[int, list[float]]] = {name: {w: [] for w in WIDTHS} for name in drafts}
+    for _ in range(args.rounds):
+        step.append(measure_pass_ms(target.model, [1], context=args.context, reps=5)[0])
+        for name, d in drafts.items():
+            engine._draft_costs.pop(d, None)  # measure again every round
+            for w, ms in draft_step_ms(d, WIDTHS, context=args.context, reps=15).items():
+                draft_ms[name][w].append(ms)
+    target_ms = statistics.median(step)
+    rows = {name: {w: statistics.median(v) for w, v in by_w.items()} for name, by_w in draft_ms.items()}
+    kernel = f"{str(target.dtype).removeprefix('torch.')}/{linear_kind(target.model)}"
+    lines = [f"# One draft step against one target step ({args.draft} on {args.target})", "",
+             f"- machine: {describe_features()}; {args.threads} threads; target kernel {kernel}",
+             f"- {args.context} positions cached; median of {args.rounds} interleaved rounds",
+             f"- target pass over 1 token: **{target_ms:.1f} ms**", "",
+             "| draft products | " + " | ".join(f"{w} row{'s' if w > 1 else ''} (ms)" for w in WIDTHS)
+             + " | 1 row / target step |", "|---|" + "---:|" * (len(WIDTHS) + 1)]
+    for name, by_w in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{by_w[w]:.2f}" for w in WIDTHS) + f" | {by_w[1] / target_ms:.3f} |")
+    lines += ["", f"Command: `python tools/draft_step_cost.py --threads {args.threads} --dtype {args.dtype} "
+              f"--linear {args.linear} --context {args.context} --rounds {args.rounds} --out {args.out}`", ""]
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_text(args.out / "results.md", "\n".join(lines))
+    write_json(args.out / "results.json", {"target_ms": target_ms, "target_ms_rounds": step, "kernel": kernel,
+                                           "threads": args.threads, "context": args.context,
+                                           "machine": describe_features(), "draft_ms": rows})
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

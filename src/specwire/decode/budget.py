@@ -74,16 +74,20 @@ class CostModel:
     overhead_ms: float = 0.0  # per speculative round, outside target and draft (bookkeeping)
     scale: float = 1.0  # the target's passes now against the curve's (observed ms / curve ms), learnt live
 
-    def target(self, T: int) -> float:
+    def curve(self, T: int) -> float:
+        """The measured curve's ms for a pass over T tokens (unscaled)."""
         known = sorted(self.target_ms)
         for t in known:
             if t >= T:
-                return self.target_ms[t] * self.scale
-        return self.target_ms[known[-1]] * T / known[-1] * self.scale  # past the curve: assume linear growth
+                return self.target_ms[t]
+        return self.target_ms[known[-1]] * T / known[-1]  # past the curve: assume linear growth
+
+    def target(self, T: int) -> float:
+        return self.curve(T) * self.scale
 
     def learn_pass(self, T: int, ms: float) -> None:
         """One timed target pass over T tokens: moves `scale` towards observed / curve (an EMA, LEARN_RATE)."""
-        curve = self.target(T) / self.scale
+        curve = self.curve(T)
         if curve > 0 and ms > 0:
             self.scale = (1 - LEARN_RATE) * self.scale + LEARN_RATE * ms / curve
 

@@ -2,8 +2,9 @@
 
 The draft runs once per drafted depth, so its step is paid k times per round: issue 16 asks for at most
 0.04 of a target step. This loads the target as decoding does (`--dtype auto --linear auto`), then the draft
-three ways: nn.Linear, rowdot reading float32 weights, and rowdot reading its bf16 weights (what
-`load_engine_draft` serves when the target runs rowdot; bitwise the same products), and times
+four ways: nn.Linear, rowdot reading float32 weights, rowdot reading its bf16 weights (bitwise the same
+products), and that with q|k|v and gate|up packed into one product each (what `load_engine_draft` serves when
+the target runs rowdot; bitwise the same again), and times
 `decode.engine.draft_step_ms` (one step over w rows after --context cached positions) beside one target
 pass over 1 token after the same context. The forms are interleaved round by round, so a burst of load
 on a shared machine spreads over all of them.
@@ -33,7 +34,7 @@ WIDTHS = (1, 2, 3, 4)
 
 
 def forms(draft_name: str, target) -> dict:
-    """name -> a draft ready to step: the same weights, three ways of computing its products."""
+    """name -> a draft ready to step: the same weights, four ways of computing its products."""
     out = {}
     torch_draft = load_draft(draft_name, device=target.device, dtype=target.dtype)
     torch_draft.attach_embeddings(target.parts.embed)
@@ -43,7 +44,12 @@ def forms(draft_name: str, target) -> dict:
         f32.attach_embeddings(target.parts.embed)
         rowdot_linears(f32)
         out["rowdot, float32 weights"] = f32
-        out["rowdot, bf16 weights (served)"] = load_engine_draft(draft_name, target)
+        unpacked = load_engine_draft(draft_name, target)
+        layer = unpacked.layers[0]
+        object.__setattr__(layer.self_attn, "packed", None)
+        object.__setattr__(layer.mlp, "packed", None)
+        out["rowdot, bf16 weights, q/k/v and gate/up apart"] = unpacked
+        out["rowdot, bf16 weights, packed (served)"] = load_engine_draft(draft_name, target)
     return out
 
 

@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 
 from specwire.target.capture import capture_hooks
-from specwire.target.fastlinear import linear_kind, rowdot_linears
+from specwire.target.fastlinear import concat_linears, linear_kind, rowdot_linears
 from specwire.target.hardware import synchronize
 from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import AttendFn, Eagle3Draft
@@ -163,6 +163,7 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
         # native bf16 its one-row product is the faster (speed only: a draft needs no invariance); a draft stored
         # in bf16 is read as bf16, exactly the same products at half the bytes
         rowdot_linears(draft, bf16_weights=True)
+    draft.pack_products(concat_linears)  # q|k|v and gate|up as one product each: fewer, larger calls per step
     return draft
 
 
@@ -243,11 +244,23 @@ class EagleProposer:
                                   device=w.device, dtype=w.dtype)
         self.draft_to_target = draft.to_target_ids(torch.arange(c.draft_vocab_size, device=w.device))  # shape: [Vd]
         self.vocab_size = c.vocab_size
+        self._cos = self._sin = self.cache.k.new_zeros(1, 0, c.head_dim)  # rope table by position, [1, n, d] each
 
-    def _step(self, hidden, ids, positions, mask, *, last_only: bool):
-        """One draft layer pass appending to the cache. hidden [1,T,H], ids/positions [1,T] ->
+    def _rope(self, first: int, count: int, *, repeat: bool = False):
+        """(cos, sin), each [1, count, d], for positions first..first+count-1, or for `first` repeated count
+        times (draft nodes all sit at one position), sliced from a table: the same numbers as `Eagle3Draft.rope`
+        (elementwise in the position) without its half-dozen ops per step."""
+        end = first + 1 if repeat else first + count
+        if end > self._cos.shape[1]:
+            n = max(end, 2 * self._cos.shape[1], self.cache.k.shape[2])
+            self._cos, self._sin = self.draft.rope(torch.arange(n, device=self.cache.k.device)[None], self.cache.k)
+        cos, sin = self._cos[:, first:end], self._sin[:, first:end]
+        return (cos.expand(1, count, -1), sin.expand(1, count, -1)) if repeat else (cos, sin)
+
+    def _step(self, hidden, ids, rope, mask, *, last_only: bool):
+        """One draft layer pass appending to the cache. hidden [1,T,H], ids [1,T], rope (`_rope`) ->
         logits [T', Vd], hidden [T', H] with T' = 1 if last_only else T."""
-        h = self.draft.step(hidden, self.cache.attend(mask), input_ids=ids, position_ids=positions)  # shape: [1, T, H]
+        h = self.draft.step(hidden, self.cache.attend(mask), input_ids=ids, rope=rope)  # shape: [1, T, H]
         if last_only:
             h = h[:, -1:]
         return self.draft.logits(h)[0], h[0]
@@ -258,8 +271,8 @@ class EagleProposer:
             raise RuntimeError(f"draft cache holds {self.cache.length} positions, the engine feeds from {start}")
         dev = tokens.device
         hidden = self.draft.fuse(states[None])  # shape: [1, T, H]
-        positions = torch.arange(start, start + T, device=dev)[None]
-        logits, h = self._step(hidden, tokens[None], positions, causal_prefix_mask(T, start, dev), last_only=True)
+        logits, h = self._step(hidden, tokens[None], self._rope(start, T), causal_prefix_mask(T, start, dev),
+                               last_only=True)
         root = tokens[-1]
         if steps == 0:
             return root_only(root)
@@ -275,9 +288,8 @@ class EagleProposer:
     def _chain(self, logits, h, root, last_pos, *, steps, params, generator) -> DraftTree:
         toks, qs = [], []
         for i in range(steps):
-            if i:
-                pos = torch.full((1, 1), last_pos, device=h.device, dtype=torch.long)  # TTT: constant position
-                logits, h = self._step(h[None], toks[-1].reshape(1, 1), pos, None, last_only=True)
+            if i:  # TTT: every draft node at the constant position last_pos
+                logits, h = self._step(h[None], toks[-1].reshape(1, 1), self._rope(last_pos, 1), None, last_only=True)
             if params.greedy:
                 d = logits.argmax(-1)  # shape: [1]
             else:
@@ -306,8 +318,8 @@ class EagleProposer:
         n_cand = topk
         for step in range(1, steps):
             mask = torch.cat([torch.ones(topk, real, dtype=torch.bool, device=dev), anc], dim=1)[None, None]
-            pos = torch.full((1, topk), last_pos, device=dev, dtype=torch.long)  # TTT: constant position
-            lg, hid = self._step(f_hidden[None], f_tokens[None], pos, mask, last_only=False)  # [k, Vd], [k, H]
+            rope = self._rope(last_pos, topk, repeat=True)  # TTT: constant position
+            lg, hid = self._step(f_hidden[None], f_tokens[None], rope, mask, last_only=False)  # [k, Vd], [k, H]
             top = torch.log_softmax(lg.float(), -1).topk(topk, dim=-1)  # shape: [k, k]
             cu = (scores[:, None] + top.values).reshape(-1)  # shape: [k*k]
             toks = self.draft_to_target[top.indices.reshape(-1)]
@@ -384,8 +396,8 @@ def draft_step_ms(draft: Eagle3Draft, widths=(1, 2, 3, 4), *, context: int = 64,
     proposer = EagleProposer(draft, capacity=context + max(widths) + 8)
     states = torch.zeros(1, context, c.num_fused * c.target_hidden_size, device=w0.device, dtype=w0.dtype)
     ids = torch.zeros(1, context, dtype=torch.long, device=w0.device)
-    pos = torch.arange(context, device=w0.device)[None]
-    proposer._step(draft.fuse(states), ids, pos, causal_prefix_mask(context, 0, w0.device), last_only=True)
+    proposer._step(draft.fuse(states), ids, proposer._rope(0, context), causal_prefix_mask(context, 0, w0.device),
+                   last_only=True)
     out = {}
     for w in widths:
         h = torch.zeros(1, w, c.hidden_size, device=w0.device, dtype=w0.dtype)
@@ -393,7 +405,7 @@ def draft_step_ms(draft: Eagle3Draft, widths=(1, 2, 3, 4), *, context: int = 64,
         times = []
         for r in range(reps + 1):
             t0 = time.perf_counter()
-            logits, _ = proposer._step(h, ids[:, :w], torch.full((1, w), context - 1, device=w0.device), mask,
+            logits, _ = proposer._step(h, ids[:, :w], proposer._rope(context - 1, w, repeat=True), mask,
                                        last_only=w == 1)
             torch.log_softmax(logits.float(), -1).topk(min(4, logits.shape[-1]))
             if r:

@@ -1,8 +1,9 @@
 """Pre-transposed linear layers: cheaper multi-token passes of the target on CPU.
 
 Scope: the `PretransposedLinear`, `RowDotLinear` and `RowPaddedLinear` modules, and `pretranspose_linears`
-/ `rowdot_linears` / `pad_linear_rows`, which swap a model's `nn.Linear` layers for them in place, and
-`linear_kind`, which names what a model runs. Does not own model loading
+/ `rowdot_linears` / `pad_linear_rows`, which swap a model's `nn.Linear` layers for them in place,
+`concat_linears`, which packs products that read the same input into one, and `linear_kind`, which names
+what a model runs. Does not own model loading
 (`target.load`), the invariance check (`target.invariance`) or timing (`tools/verify_cost.py`).
 
 Why: `nn.Linear` computes x @ W.T with W stored [out, in]. On CPU, torch's GEMM path for a few rows
@@ -225,6 +226,27 @@ class RowDotLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def concat_linears(linears: list[nn.Module]) -> nn.Module | None:
+    """One product for several that read the same input: their weights (and biases) stacked by output rows,
+    as a module of their kind (nn.Linear, or RowDotLinear reading bf16 copies where they all do); None for
+    another kind, a mix of kinds or of biased and unbiased layers. The weights are copies, without grad."""
+    kinds = {type(m) for m in linears}
+    if len(kinds) != 1 or next(iter(kinds)) not in (nn.Linear, RowDotLinear):
+        return None
+    biased = {m.bias is not None for m in linears}
+    if len(biased) != 1:
+        return None
+    weight = torch.cat([m.weight.detach() for m in linears])  # shape: [sum of out, in]
+    bias = torch.cat([m.bias.detach() for m in linears]) if biased.pop() else None
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias, requires_grad=False)
+    if isinstance(linears[0], RowDotLinear):
+        return RowDotLinear(linear, bf16_weights=all(m.weight_bf16 is not None for m in linears))
+    return linear
 
 
 def _swap_linears(model: nn.Module, make, skip: tuple[str, ...] = ()) -> int:

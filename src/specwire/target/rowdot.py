@@ -141,12 +141,14 @@ def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     N, K = weight.shape
     if x.shape[-1] != K:
         raise SpecwireError(f"rowdot: expected inputs of width {K}, found {x.shape[-1]}.")
-    flat = x.reshape(-1, K).contiguous()  # shape: [M, K]
-    w = weight.contiguous()
-    b = None if bias is None else bias.contiguous()
+    # each tensor op costs microseconds, and a draft step makes a handful of these calls: skip the no-op ones
+    flat = x if x.dim() == 2 else x.reshape(-1, K)  # shape: [M, K]
+    flat = flat if flat.is_contiguous() else flat.contiguous()
+    w = weight if weight.is_contiguous() else weight.contiguous()
+    b = bias if bias is None or bias.is_contiguous() else bias.contiguous()
     y = torch.empty(flat.shape[0], N, dtype=torch.float32)  # shape: [M, N]
     if flat.shape[0]:
         fn = lib.specwire_rowdot_bf16w if w.dtype == torch.bfloat16 else lib.specwire_rowdot_f32
         fn(flat.data_ptr(), flat.shape[0], K, w.data_ptr(), N, None if b is None else b.data_ptr(), y.data_ptr(),
            torch.get_num_threads())
-    return y.reshape(*x.shape[:-1], N)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], N)

@@ -1,0 +1,146 @@
+"""The served draft's step: packed products, the proposer's rope table and the fused norm change no numbers.
+
+`load_engine_draft` packs q|k|v and gate|up into one product each (`Eagle3Draft.pack_products`), the proposer
+slices rope from a table, and a float32 RMSNorm runs torch's fused op: each is there only to make a draft step
+cheaper (issue 16: a draft step at most 0.04 of a target step), so each must leave the proposals as they were.
+With rowdot, whose rows are independent of the rows beside them, that is bitwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn as nn
+
+from helpers import random_tiny_draft
+from specwire.decode.engine import EagleProposer, SpecConfig, load_engine_draft
+from specwire.decode.sampling import SamplingParams
+from specwire.draft.model import Eagle3Draft, RMSNorm
+from specwire.target.fastlinear import RowDotLinear, concat_linears, rowdot_linears
+from specwire.target.load import load_target
+
+
+def unpacked(draft: Eagle3Draft) -> Eagle3Draft:
+    layer = draft.layers[0]
+    object.__setattr__(layer.self_attn, "packed", None)
+    object.__setattr__(layer.mlp, "packed", None)
+    return draft
+
+
+def proposals(draft: Eagle3Draft, *, tree: bool, seed: int = 0) -> list[torch.Tensor]:
+    """The trees a proposer makes over three feeds (a prompt, then two short accepted runs)."""
+    c = draft.config
+    g = torch.Generator().manual_seed(seed)
+    states = torch.randn(30, c.fc_in_features, generator=g)
+    tokens = torch.randint(0, c.vocab_size, (30,), generator=g)
+    spec = SpecConfig(num_steps=4, topk=3 if tree else 1, num_draft_tokens=8 if tree else 4)
+    proposer = EagleProposer(draft, capacity=4)  # small: the cache and the rope table grow on the way
+    out = []
+    for start, n in ((0, 20), (20, 3), (23, 7)):
+        t = proposer.propose(states[start:start + n], tokens[start:start + n], start, steps=4, spec=spec, tree=tree,
+                             params=SamplingParams(), generator=None)
+        out.append(t.tokens)
+    return out
+
+
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("linear", ["rowdot", "torch"])
+def test_the_packed_step_proposes_what_the_unpacked_one_does(tiny_target, tmp_path, linear, tree):
+    target = load_target(tiny_target("llama"), device="cpu", dtype="float32", linear=linear)
+    ckpt = random_tiny_draft(target, tmp_path / "d", draft_vocab_size=64)
+    packed = load_engine_draft(ckpt, target)
+    assert packed.layers[0].self_attn.packed is not None and packed.layers[0].mlp.packed is not None
+    with torch.no_grad():
+        a, b = proposals(packed, tree=tree), proposals(unpacked(load_engine_draft(ckpt, target)), tree=tree)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def test_packed_rowdot_products_are_bitwise_the_separate_ones_with_and_without_bias():
+    torch.manual_seed(0)
+    for bias in (False, True):
+        layers = [nn.Linear(40, n, bias=bias) for n in (24, 8, 8)]
+        rowdot_linears(container := nn.ModuleList(layers))
+        separate = list(container)
+        packed = concat_linears(separate)
+        assert isinstance(packed, RowDotLinear)
+        with torch.no_grad():
+            for rows in (1, 3, 5):
+                x = torch.randn(rows, 40)
+                assert torch.equal(packed(x), torch.cat([m(x) for m in separate], dim=-1))
+
+
+def test_packing_takes_bf16_copies_only_where_every_part_has_one():
+    parts = [nn.Linear(16, 8, bias=False) for _ in range(2)]
+    with torch.no_grad():
+        for m in parts:
+            m.weight.copy_(m.weight.to(torch.bfloat16).float())  # bf16 numbers
+    both = concat_linears([RowDotLinear(m, bf16_weights=True) for m in parts])
+    assert both.weight_bf16 is not None
+    one = concat_linears([RowDotLinear(parts[0], bf16_weights=True), RowDotLinear(parts[1])])
+    assert one.weight_bf16 is None
+
+
+def test_products_of_other_kinds_or_mixed_kinds_are_not_packed():
+    a, b = nn.Linear(8, 4), nn.Linear(8, 4, bias=False)
+    assert concat_linears([a, b]) is None  # biased and unbiased
+    assert concat_linears([a, RowDotLinear(nn.Linear(8, 4))]) is None  # two kinds
+    assert concat_linears([nn.Conv1d(8, 4, 1)]) is None
+
+
+def test_a_biased_draft_layer_packs_its_biases(tiny_target, tmp_path):
+    from specwire.draft.checkpoint import load_draft
+
+    target = load_target(tiny_target("llama"), device="cpu", dtype="float32", linear="rowdot")
+    base = load_draft(random_tiny_draft(target, tmp_path / "d", draft_vocab_size=64))
+    torch.manual_seed(1)
+    draft = Eagle3Draft(dataclasses.replace(base.config, attention_bias=True)).attach_embeddings(target.parts.embed)
+    rowdot_linears(draft)
+    ref = proposals(draft, tree=True)
+    assert draft.pack_products(concat_linears)
+    assert draft.layers[0].self_attn.packed.bias is not None
+    with torch.no_grad():
+        for x, y in zip(proposals(draft, tree=True), ref):
+            assert torch.equal(x, y)
+
+
+def test_the_rope_table_gives_the_drafts_own_rope_as_it_grows(tiny_target, tmp_path):
+    target = load_target(tiny_target("llama"), device="cpu", dtype="float32")
+    draft = load_engine_draft(random_tiny_draft(target, tmp_path / "d", draft_vocab_size=64), target)
+    proposer = EagleProposer(draft, capacity=4)
+    like = proposer.cache.k
+    for first, count, repeat in ((0, 3, False), (2, 9, False), (40, 5, True), (100, 1, False), (7, 4, True)):
+        cos, sin = proposer._rope(first, count, repeat=repeat)
+        positions = torch.full((1, count), first) if repeat else torch.arange(first, first + count)[None]
+        want_cos, want_sin = draft.rope(positions, like)
+        assert cos.shape == (1, count, draft.config.head_dim)
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+
+
+def test_the_float32_norm_is_bitwise_the_formula_and_bf16_keeps_the_formula():
+    torch.manual_seed(0)
+    norm = RMSNorm(96, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(96))
+
+    def formula(x):
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + norm.eps)
+        return norm.weight.to(x.dtype) * y.to(x.dtype)
+
+    for shape in ((1, 1, 96), (2, 7, 96), (5, 96)):
+        x = torch.randn(shape) * 4
+        with torch.no_grad():
+            assert torch.equal(norm(x), formula(x))
+    x = torch.randn(3, 96)
+    loss = norm(x.requires_grad_()).square().sum()
+    loss.backward()  # the fused op trains too
+    assert x.grad is not None and norm.weight.grad is not None
+    half = RMSNorm(96, 1e-5).to(torch.bfloat16)
+    xb = torch.randn(4, 96).to(torch.bfloat16)
+    with torch.no_grad():
+        y = xb.float()
+        want = half.weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + half.eps)).to(torch.bfloat16)
+        assert torch.equal(half(xb), want)

@@ -48,8 +48,8 @@ def forms(draft_name: str, target) -> dict:
         layer = unpacked.layers[0]
         object.__setattr__(layer.self_attn, "packed", None)
         object.__setattr__(layer.mlp, "packed", None)
-        out["rowdot, bf16 weights, q/k/v and gate/up apart"] = unpacked
-        out["rowdot, bf16 weights, packed (served)"] = load_engine_draft(draft_name, target)
+        out["rowdot, bf16 weights, through the modules"] = unpacked
+        out["rowdot, bf16 weights, packed, lean pass (served)"] = load_engine_draft(draft_name, target)
     return out
 
 

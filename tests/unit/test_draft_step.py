@@ -1,9 +1,10 @@
-"""The served draft's step: packed products, the proposer's rope table and the fused norm change no numbers.
+"""The served draft's step: packed products, the lean pass, the rope table and the fused norm change no numbers.
 
 `load_engine_draft` packs q|k|v and gate|up into one product each (`Eagle3Draft.pack_products`), the proposer
-slices rope from a table, and a float32 RMSNorm runs torch's fused op: each is there only to make a draft step
-cheaper (issue 16: a draft step at most 0.04 of a target step), so each must leave the proposals as they were.
-With rowdot, whose rows are independent of the rows beside them, that is bitwise.
+runs the layer through `decode.draft_step.ServedStep` and slices rope from a table, and a float32 RMSNorm runs
+torch's fused op: each is there only to make a draft step cheaper (issue 16: a draft step at most 0.04 of a
+target step), so each must leave the proposals as they were. With rowdot, whose rows are independent of the
+rows beside them, that is bitwise.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from helpers import random_tiny_draft
-from specwire.decode.engine import EagleProposer, SpecConfig, load_engine_draft
+from specwire.decode.engine import EagleProposer, SpecConfig, causal_prefix_mask, load_engine_draft
 from specwire.decode.sampling import SamplingParams
 from specwire.draft.model import Eagle3Draft, RMSNorm
 from specwire.target.fastlinear import RowDotLinear, concat_linears, rowdot_linears
@@ -56,6 +57,32 @@ def test_the_packed_step_proposes_what_the_unpacked_one_does(tiny_target, tmp_pa
         a, b = proposals(packed, tree=tree), proposals(unpacked(load_engine_draft(ckpt, target)), tree=tree)
     for x, y in zip(a, b):
         assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("linear", ["rowdot", "torch"])
+def test_the_served_pass_is_bitwise_the_modules_pass(tiny_target, tmp_path, linear):
+    """Prompt rows under a causal mask, one chain row, tree rows under an ancestry mask: logits and hidden."""
+    target = load_target(tiny_target("llama"), device="cpu", dtype="float32", linear=linear)
+    draft = load_engine_draft(random_tiny_draft(target, tmp_path / "d", draft_vocab_size=64), target)
+    c = draft.config
+    served, modules = EagleProposer(draft, capacity=4), EagleProposer(draft, capacity=4)
+    assert served._served is not None
+    modules._served = None
+    g = torch.Generator().manual_seed(3)
+    tree_mask = torch.cat([torch.ones(3, 10, dtype=torch.bool), torch.eye(3, dtype=torch.bool)], 1)[None, None]
+    feeds = [(draft.fuse(torch.randn(1, 9, c.fc_in_features, generator=g)), (0, 9, False),
+              causal_prefix_mask(9, 0, "cpu"), True),
+             (torch.randn(1, 1, c.hidden_size, generator=g), (8, 1, False), None, True),
+             (torch.randn(1, 3, c.hidden_size, generator=g), (8, 3, True), tree_mask, False)]
+    with torch.no_grad():
+        for hidden, (first, count, repeat), mask, last_only in feeds:
+            ids = torch.randint(0, c.vocab_size, (1, hidden.shape[1]), generator=g)
+            outs = [p._step(hidden, ids, p._rope(first, count, repeat=repeat), mask, last_only=last_only)
+                    for p in (served, modules)]
+            assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+            assert served.cache.length == modules.cache.length
+            assert torch.equal(served.cache.k[:, :, :served.cache.length], modules.cache.k[:, :, :modules.cache.length])
+            assert torch.equal(served.cache.v[:, :, :served.cache.length], modules.cache.v[:, :, :modules.cache.length])
 
 
 def test_packed_rowdot_products_are_bitwise_the_separate_ones_with_and_without_bias():

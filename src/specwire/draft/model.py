@@ -141,6 +141,18 @@ class DraftConfig:
 
 # ---- building blocks -----------------------------------------------------------------------------------
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * x / rms(x) over the last dim, computed in float32. [..., H] -> [..., H]"""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        # torch's fused op: in float32 bitwise the formula below (tests/unit/test_draft_step.py checks it),
+        # one call instead of eight; a draft step runs four norms
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -148,14 +160,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            # torch's fused op: in float32 bitwise the formula below (tests/unit/test_draft_path.py checks it),
-            # in one op instead of eight; a draft step runs four norms
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

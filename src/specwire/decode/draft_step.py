@@ -1,0 +1,67 @@
+"""The served draft's layer pass: the maths of `Eagle3Draft.step` in the fewest tensor ops, for decoding.
+
+Scope: `ServedStep`, built once per proposer from a draft whose products are packed
+(`Eagle3Draft.pack_products`, done by `decode.engine.load_engine_draft`), which runs one draft layer pass
+over T rows against the proposer's `DraftKVCache`. Does not own the maths (`draft.model`: `Eagle3Draft.step`
+is the definition, and training runs it; `tests/unit/test_draft_step.py` checks this pass against it,
+bitwise), the cache (`decode.engine.DraftKVCache`), the rope table (`decode.engine.EagleProposer._rope`) nor
+the choice of kernels (`target.fastlinear`).
+
+Why: the draft runs once per drafted depth, so its step is paid k times per round, and the speed issue
+asks for at most 0.04 of a target step. On a CPU one draft step over one row is five products and some
+sixty small tensor ops, each costing microseconds of dispatch: through the modules, about a third of the
+step was ops and module calls, not products. Here the products are called once each (q|k|v and gate|up
+packed), the norms are one fused op each, rope comes in from a table, the new keys and values are written
+into the cache in place, and no module's `__call__` runs. Every op is the module path's own op on the same
+inputs, so the result is the same numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specwire.draft.model import Eagle3Draft, apply_rope, rms_norm
+
+
+class ServedStep:
+    """`Eagle3Draft.step` + `logits` for decoding, over a proposer's cache. Needs a packed draft."""
+
+    def __init__(self, draft: Eagle3Draft):
+        layer = draft.layers[0]
+        attn, mlp = layer.self_attn, layer.mlp
+        if attn.packed is None or mlp.packed is None:
+            raise ValueError("ServedStep needs a draft with packed products (Eagle3Draft.pack_products)")
+        c = draft.config
+        self.draft = draft
+        self.nh, self.nkv, self.d, self.eps = attn.nh, attn.nkv, attn.d, c.rms_norm_eps
+        self.norm_before_residual = layer.norm_before_residual
+        # forward, not __call__: no hooks are set on a served draft, and each __call__ costs microseconds
+        self.qkv, self.o = attn.packed.forward, attn.o_proj.forward
+        self.gate_up, self.down, self.head = mlp.packed.forward, mlp.down_proj.forward, draft.lm_head.forward
+        self.w_in, self.w_hidden = layer.input_layernorm.weight, layer.hidden_norm.weight
+        self.w_post, self.w_final = layer.post_attention_layernorm.weight, draft.norm.weight
+
+    def __call__(self, hidden, ids, rope, cache, mask, *, last_only: bool):
+        """hidden [1, T, H], ids [1, T] (target ids), rope (cos, sin) each [1, T, d], mask [1, 1, T, L+T] bool
+        or None (every query sees every cached entry) -> logits [T', Vd], hidden [T', H], T' = 1 if last_only
+        else T. Appends the T new keys and values to `cache`."""
+        nh, nkv, d, eps = self.nh, self.nkv, self.d, self.eps
+        T = hidden.shape[1]
+        hn = rms_norm(hidden, self.w_hidden, eps)
+        x = torch.cat([rms_norm(self.draft.embed(ids), self.w_in, eps), hn], dim=-1)  # shape: [1, T, 2H]
+        qkv = self.qkv(x).view(1, T, nh + 2 * nkv, d).transpose(1, 2)  # shape: [1, nh+2nkv, T, d]
+        qk = apply_rope(qkv[:, : nh + nkv], *rope)  # shape: [1, nh+nkv, T, d]
+        start, end = cache.length, cache.length + T
+        cache.reserve(end)
+        cache.k[:, :, start:end] = qk[:, nh:]
+        cache.v[:, :, start:end] = qkv[:, nh + nkv:]
+        cache.length = end
+        a = F.scaled_dot_product_attention(qk[:, :nh], cache.k[:, :, :end], cache.v[:, :, :end], attn_mask=mask,
+                                           enable_gqa=nkv != nh)  # shape: [1, nh, T, d]
+        h = (hn if self.norm_before_residual else hidden) + self.o(a.transpose(1, 2).reshape(1, T, nh * d))
+        gate, up = self.gate_up(rms_norm(h, self.w_post, eps)).chunk(2, dim=-1)  # each [1, T, I]
+        h = h + self.down(F.silu(gate) * up)  # shape: [1, T, H]
+        if last_only:
+            h = h[:, -1:]
+        return self.head(rms_norm(h, self.w_final, eps))[0], h[0]

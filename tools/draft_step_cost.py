@@ -3,8 +3,8 @@
 The draft runs once per drafted depth, so its step is paid k times per round: issue 16 asks for at most
 0.04 of a target step. This loads the target as decoding does (`--dtype auto --linear auto`), then the draft
 four ways: nn.Linear, rowdot reading float32 weights, rowdot reading its bf16 weights (bitwise the same
-products), and that with q|k|v and gate|up packed into one product each (what `load_engine_draft` serves when
-the target runs rowdot; bitwise the same again), and times
+products), and that through `decode.draft_step.ServedStep` (q|k|v and gate|up packed into one product each,
+no module calls: what `load_engine_draft` serves when the target runs rowdot; bitwise the same again), and times
 `decode.engine.draft_step_ms` (one step over w rows after --context cached positions) beside one target
 pass over 1 token after the same context. The forms are interleaved round by round, so a burst of load
 on a shared machine spreads over all of them.
@@ -44,11 +44,9 @@ def forms(draft_name: str, target) -> dict:
         f32.attach_embeddings(target.parts.embed)
         rowdot_linears(f32)
         out["rowdot, float32 weights"] = f32
-        unpacked = load_engine_draft(draft_name, target)
-        layer = unpacked.layers[0]
-        object.__setattr__(layer.self_attn, "packed", None)
-        object.__setattr__(layer.mlp, "packed", None)
-        out["rowdot, bf16 weights, through the modules"] = unpacked
+        modules = load_engine_draft(draft_name, target)
+        modules.served = None  # the proposer runs Eagle3Draft.step
+        out["rowdot, bf16 weights, through the modules"] = modules
         out["rowdot, bf16 weights, packed, lean pass (served)"] = load_engine_draft(draft_name, target)
     return out
 

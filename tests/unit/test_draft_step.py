@@ -1,8 +1,8 @@
 """The served draft's step: packed products, the lean pass, the rope table and the fused norm change no numbers.
 
-`load_engine_draft` packs q|k|v and gate|up into one product each (`Eagle3Draft.pack_products`), the proposer
-runs the layer through `decode.draft_step.ServedStep` and slices rope from a table, and a float32 RMSNorm runs
-torch's fused op: each is there only to make a draft step cheaper (issue 16: a draft step at most 0.04 of a
+`load_engine_draft` gives a served draft its decoding pass (`decode.draft_step.ServedStep`: q|k|v and gate|up
+packed into one product each, no module calls), the proposer slices rope from a table, and a float32 RMSNorm
+runs torch's fused op: each is there only to make a draft step cheaper (issue 16: a draft step at most 0.04 of a
 target step), so each must leave the proposals as they were. With rowdot, whose rows are independent of the
 rows beside them, that is bitwise.
 """
@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from helpers import random_tiny_draft
+from specwire.decode.draft_step import ServedStep
 from specwire.decode.engine import EagleProposer, SpecConfig, causal_prefix_mask, load_engine_draft
 from specwire.decode.sampling import SamplingParams
 from specwire.draft.model import Eagle3Draft, RMSNorm
@@ -23,10 +24,8 @@ from specwire.target.fastlinear import RowDotLinear, concat_linears, rowdot_line
 from specwire.target.load import load_target
 
 
-def unpacked(draft: Eagle3Draft) -> Eagle3Draft:
-    layer = draft.layers[0]
-    object.__setattr__(layer.self_attn, "packed", None)
-    object.__setattr__(layer.mlp, "packed", None)
+def through_modules(draft: Eagle3Draft) -> Eagle3Draft:
+    draft.served = None  # the proposer then runs Eagle3Draft.step, the definition
     return draft
 
 
@@ -48,32 +47,33 @@ def proposals(draft: Eagle3Draft, *, tree: bool, seed: int = 0) -> list[torch.Te
 
 @pytest.mark.parametrize("tree", [False, True])
 @pytest.mark.parametrize("linear", ["rowdot", "torch"])
-def test_the_packed_step_proposes_what_the_unpacked_one_does(tiny_target, tmp_path, linear, tree):
+def test_the_served_pass_proposes_what_the_modules_do(tiny_target, tmp_path, linear, tree):
     target = load_target(tiny_target("llama"), device="cpu", dtype="float32", linear=linear)
     ckpt = random_tiny_draft(target, tmp_path / "d", draft_vocab_size=64)
-    packed = load_engine_draft(ckpt, target)
-    assert packed.layers[0].self_attn.packed is not None and packed.layers[0].mlp.packed is not None
+    served = load_engine_draft(ckpt, target)
+    assert served.served is not None
     with torch.no_grad():
-        a, b = proposals(packed, tree=tree), proposals(unpacked(load_engine_draft(ckpt, target)), tree=tree)
+        a, b = proposals(served, tree=tree), proposals(through_modules(load_engine_draft(ckpt, target)), tree=tree)
     for x, y in zip(a, b):
         assert torch.equal(x, y)
 
 
-@pytest.mark.parametrize("linear", ["rowdot", "torch"])
-def test_the_served_pass_is_bitwise_the_modules_pass(tiny_target, tmp_path, linear):
+@pytest.mark.parametrize("linear, dtype", [("rowdot", "float32"), ("torch", "float32"), ("torch", "bfloat16")])
+def test_the_served_pass_is_bitwise_the_modules_pass(tiny_target, tmp_path, linear, dtype):
     """Prompt rows under a causal mask, one chain row, tree rows under an ancestry mask: logits and hidden."""
-    target = load_target(tiny_target("llama"), device="cpu", dtype="float32", linear=linear)
-    draft = load_engine_draft(random_tiny_draft(target, tmp_path / "d", draft_vocab_size=64), target)
+    target = load_target(tiny_target("llama"), device="cpu", dtype=dtype, linear=linear)
+    ckpt = random_tiny_draft(target, tmp_path / "d", draft_vocab_size=64)
+    draft = load_engine_draft(ckpt, target)
     c = draft.config
-    served, modules = EagleProposer(draft, capacity=4), EagleProposer(draft, capacity=4)
-    assert served._served is not None
-    modules._served = None
+    served = EagleProposer(draft, capacity=4)
+    modules = EagleProposer(through_modules(load_engine_draft(ckpt, target)), capacity=4)
     g = torch.Generator().manual_seed(3)
     tree_mask = torch.cat([torch.ones(3, 10, dtype=torch.bool), torch.eye(3, dtype=torch.bool)], 1)[None, None]
-    feeds = [(draft.fuse(torch.randn(1, 9, c.fc_in_features, generator=g)), (0, 9, False),
+    w = draft.fc.weight
+    feeds = [(draft.fuse(torch.randn(1, 9, c.fc_in_features, generator=g).to(w.dtype)), (0, 9, False),
               causal_prefix_mask(9, 0, "cpu"), True),
-             (torch.randn(1, 1, c.hidden_size, generator=g), (8, 1, False), None, True),
-             (torch.randn(1, 3, c.hidden_size, generator=g), (8, 3, True), tree_mask, False)]
+             (torch.randn(1, 1, c.hidden_size, generator=g).to(w.dtype), (8, 1, False), None, True),
+             (torch.randn(1, 3, c.hidden_size, generator=g).to(w.dtype), (8, 3, True), tree_mask, False)]
     with torch.no_grad():
         for hidden, (first, count, repeat), mask, last_only in feeds:
             ids = torch.randint(0, c.vocab_size, (1, hidden.shape[1]), generator=g)
@@ -126,8 +126,10 @@ def test_a_biased_draft_layer_packs_its_biases(tiny_target, tmp_path):
     draft = Eagle3Draft(dataclasses.replace(base.config, attention_bias=True)).attach_embeddings(target.parts.embed)
     rowdot_linears(draft)
     ref = proposals(draft, tree=True)
-    assert draft.pack_products(concat_linears)
-    assert draft.layers[0].self_attn.packed.bias is not None
+    attn = draft.layers[0].self_attn
+    assert concat_linears([attn.q_proj, attn.k_proj, attn.v_proj]).bias is not None
+    draft.served = ServedStep.build(draft)
+    assert draft.served is not None
     with torch.no_grad():
         for x, y in zip(proposals(draft, tree=True), ref):
             assert torch.equal(x, y)

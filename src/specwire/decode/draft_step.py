@@ -1,19 +1,21 @@
 """The served draft's layer pass: the maths of `Eagle3Draft.step` in the fewest tensor ops, for decoding.
 
-Scope: `ServedStep`, built once per proposer from a draft whose products are packed
-(`Eagle3Draft.pack_products`, done by `decode.engine.load_engine_draft`), which runs one draft layer pass
-over T rows against the proposer's `DraftKVCache`. Does not own the maths (`draft.model`: `Eagle3Draft.step`
-is the definition, and training runs it; `tests/unit/test_draft_step.py` checks this pass against it,
-bitwise), the cache (`decode.engine.DraftKVCache`), the rope table (`decode.engine.EagleProposer._rope`) nor
-the choice of kernels (`target.fastlinear`).
+Scope: `ServedStep`, built once per served draft by `decode.engine.load_engine_draft` (`ServedStep.build`,
+kept as `draft.served`), which runs one draft layer pass over T rows against a proposer's `DraftKVCache`.
+Does not own the maths (`draft.model`: `Eagle3Draft.step` is the definition, and training and `specwire
+eval` run it; `tests/unit/test_draft_step.py` checks this pass against it, bitwise), the cache
+(`decode.engine.DraftKVCache`), the rope table (`decode.engine.EagleProposer._rope`) nor the choice of
+kernels (`target.fastlinear`).
 
 Why: the draft runs once per drafted depth, so its step is paid k times per round, and the speed issue
-asks for at most 0.04 of a target step. On a CPU one draft step over one row is five products and some
-sixty small tensor ops, each costing microseconds of dispatch: through the modules, about a third of the
-step was ops and module calls, not products. Here the products are called once each (q|k|v and gate|up
-packed), the norms are one fused op each, rope comes in from a table, the new keys and values are written
-into the cache in place, and no module's `__call__` runs. Every op is the module path's own op on the same
-inputs, so the result is the same numbers.
+asks for at most 0.04 of a target step. On a CPU one draft step over one row is a handful of products and
+some sixty small tensor ops, each costing microseconds of dispatch: through the modules, about a third of
+the step was ops and module calls, not products. Here q|k|v and gate|up are one product each
+(`target.fastlinear.concat_linears`: under rowdot every output row is its own fixed chain, so a packed
+product is bitwise the separate ones), the norms are one fused op each, rope comes from a table, the new
+keys and values are written into the cache in place, and no module's `__call__` runs. Every other op is
+the module path's own op on the same inputs. The packed weights are copies made at load time: a served
+draft is not trained further.
 """
 
 from __future__ import annotations
@@ -22,23 +24,32 @@ import torch
 import torch.nn.functional as F
 
 from specwire.draft.model import Eagle3Draft, apply_rope, rms_norm
+from specwire.target.fastlinear import concat_linears
 
 
 class ServedStep:
-    """`Eagle3Draft.step` + `logits` for decoding, over a proposer's cache. Needs a packed draft."""
+    """`Eagle3Draft.step` + `logits` for decoding, over a proposer's cache."""
 
-    def __init__(self, draft: Eagle3Draft):
+    @classmethod
+    def build(cls, draft: Eagle3Draft) -> "ServedStep | None":
+        """The served pass of `draft` (products already in their serving kernel), or None where its products
+        cannot be packed (another module kind); the engine then runs the modules."""
         layer = draft.layers[0]
         attn, mlp = layer.self_attn, layer.mlp
-        if attn.packed is None or mlp.packed is None:
-            raise ValueError("ServedStep needs a draft with packed products (Eagle3Draft.pack_products)")
+        qkv = concat_linears([attn.q_proj, attn.k_proj, attn.v_proj])
+        gate_up = concat_linears([mlp.gate_proj, mlp.up_proj])
+        return None if qkv is None or gate_up is None else cls(draft, qkv, gate_up)
+
+    def __init__(self, draft: Eagle3Draft, qkv: torch.nn.Module, gate_up: torch.nn.Module):
+        layer = draft.layers[0]
+        attn, mlp = layer.self_attn, layer.mlp
         c = draft.config
         self.draft = draft
         self.nh, self.nkv, self.d, self.eps = attn.nh, attn.nkv, attn.d, c.rms_norm_eps
         self.norm_before_residual = layer.norm_before_residual
         # forward, not __call__: no hooks are set on a served draft, and each __call__ costs microseconds
-        self.qkv, self.o = attn.packed.forward, attn.o_proj.forward
-        self.gate_up, self.down, self.head = mlp.packed.forward, mlp.down_proj.forward, draft.lm_head.forward
+        self.qkv, self.o = qkv.forward, attn.o_proj.forward
+        self.gate_up, self.down, self.head = gate_up.forward, mlp.down_proj.forward, draft.lm_head.forward
         self.w_in, self.w_hidden = layer.input_layernorm.weight, layer.hidden_norm.weight
         self.w_post, self.w_final = layer.post_attention_layernorm.weight, draft.norm.weight
 

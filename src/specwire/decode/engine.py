@@ -64,7 +64,7 @@ import torch.nn.functional as F
 
 from specwire.target.capture import capture_hooks
 from specwire.decode.draft_step import ServedStep
-from specwire.target.fastlinear import concat_linears, linear_kind, rowdot_linears
+from specwire.target.fastlinear import linear_kind, rowdot_linears
 from specwire.target.hardware import synchronize
 from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import AttendFn, Eagle3Draft
@@ -164,7 +164,7 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
         # native bf16 its one-row product is the faster (speed only: a draft needs no invariance); a draft stored
         # in bf16 is read as bf16, exactly the same products at half the bytes
         rowdot_linears(draft, bf16_weights=True)
-    draft.pack_products(concat_linears)  # q|k|v and gate|up as one product each: fewer, larger calls per step
+    draft.served = ServedStep.build(draft)  # the decoding pass: packed products, fewer ops (`decode.draft_step`)
     return draft
 
 
@@ -247,8 +247,6 @@ class EagleProposer:
         self.draft_to_target = draft.to_target_ids(torch.arange(c.draft_vocab_size, device=w.device))  # shape: [Vd]
         self.vocab_size = c.vocab_size
         self._cos = self._sin = self.cache.k.new_zeros(1, 0, c.head_dim)  # rope table by position, [1, n, d] each
-        packed = draft.layers[0].self_attn.packed is not None and draft.layers[0].mlp.packed is not None
-        self._served = ServedStep(draft) if packed else None  # the same pass in fewer ops (`decode.draft_step`)
 
     def _rope(self, first: int, count: int, *, repeat: bool = False):
         """(cos, sin), each [1, count, d], for positions first..first+count-1, or for `first` repeated count
@@ -264,8 +262,8 @@ class EagleProposer:
     def _step(self, hidden, ids, rope, mask, *, last_only: bool):
         """One draft layer pass appending to the cache. hidden [1,T,H], ids [1,T], rope (`_rope`) ->
         logits [T', Vd], hidden [T', H] with T' = 1 if last_only else T."""
-        if self._served is not None:
-            return self._served(hidden, ids, rope, self.cache, mask, last_only=last_only)
+        if self.draft.served is not None:
+            return self.draft.served(hidden, ids, rope, self.cache, mask, last_only=last_only)
         h = self.draft.step(hidden, self.cache.attend(mask), input_ids=ids, rope=rope)  # shape: [1, T, H]
         if last_only:
             h = h[:, -1:]

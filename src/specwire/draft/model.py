@@ -191,15 +191,10 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(2 * c.hidden_size, self.nkv * self.d, bias=c.attention_bias)
         self.v_proj = nn.Linear(2 * c.hidden_size, self.nkv * self.d, bias=c.attention_bias)
         self.o_proj = nn.Linear(self.nh * self.d, c.hidden_size, bias=False)
-        object.__setattr__(self, "packed", None)  # q|k|v in one product, for decoding only (`pack_products`)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x: [B, T, 2H] -> q [B, nh, T, d], k/v [B, nkv, T, d] (rope applied to q, k)."""
         B, T, _ = x.shape
-        if self.packed is not None:  # one product, then rope over the q and k heads at once
-            qkv = self.packed(x).view(B, T, self.nh + 2 * self.nkv, self.d).transpose(1, 2)  # shape: [B, nh+2nkv, T, d]
-            qk = apply_rope(qkv[:, : self.nh + self.nkv], cos, sin)  # shape: [B, nh+nkv, T, d]
-            return qk[:, : self.nh], qk[:, self.nh:], qkv[:, self.nh + self.nkv:]
         q = self.q_proj(x).view(B, T, self.nh, self.d).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.nkv, self.d).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.nkv, self.d).transpose(1, 2)
@@ -212,12 +207,8 @@ class DraftMLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-        object.__setattr__(self, "packed", None)  # gate|up in one product, for decoding only (`pack_products`)
 
     def forward(self, x):
-        if self.packed is not None:
-            gate, up = self.packed(x).chunk(2, dim=-1)  # each [..., I]
-            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -258,6 +249,7 @@ class Eagle3Draft(nn.Module):
         super().__init__()
         self.config = config
         self.acceptance = None  # draft.acceptance.DraftAcceptance from the draft folder (set by the engine's loader)
+        self.served = None  # decode.draft_step.ServedStep: this layer's pass for decoding (set by the engine's loader)
         c = config
         self.fc = nn.Linear(c.fc_in_features, c.hidden_size, bias=False)
         self.layers = nn.ModuleList([DraftLayer(c)])
@@ -335,22 +327,6 @@ class Eagle3Draft(nn.Module):
         e = self.embed(input_ids) if embeds is None else embeds  # shape: [B, T, H]
         cos, sin = self.rope(position_ids, hidden) if rope is None else rope
         return self.layers[0](e, hidden, cos, sin, attend)  # shape: [B, T, H]
-
-    def pack_products(self, concat: Callable[[list[nn.Module]], nn.Module | None]) -> bool:
-        """For decoding only: compute q|k|v and gate|up as one product each, `concat(linears)` building the
-        packed module (None: this kind cannot be packed). A product is a set of independent rows of output,
-        so with a row-wise kernel (`rowdot`) the packed step is bitwise the unpacked one; with a BLAS, equal
-        to float rounding. The packed weights are copies: they do not follow later changes to the weights
-        (training never packs). Returns whether both were packed."""
-        layer = self.layers[0]
-        attn, mlp = layer.self_attn, layer.mlp
-        qkv = concat([attn.q_proj, attn.k_proj, attn.v_proj])
-        gate_up = concat([mlp.gate_proj, mlp.up_proj])
-        if qkv is None or gate_up is None:
-            return False
-        object.__setattr__(attn, "packed", qkv)
-        object.__setattr__(mlp, "packed", gate_up)
-        return True
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocab logits of step outputs: lm_head(norm(h)). [..., H] -> [..., draft_vocab]"""

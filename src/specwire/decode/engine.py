@@ -63,7 +63,6 @@ import torch
 import torch.nn.functional as F
 
 from specwire.target.capture import capture_hooks
-from specwire.decode.draft_step import ServedStep
 from specwire.target.fastlinear import linear_kind, rowdot_linears
 from specwire.target.hardware import synchronize
 from specwire.draft.checkpoint import load_draft
@@ -71,6 +70,7 @@ from specwire.draft.model import AttendFn, Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
 from specwire.decode.budget import (DEFAULT_ACCEPTANCE, DEFAULT_ACCEPTANCE_TOPK, AcceptanceModel, Budget, CostModel,
                                     choose_budget)
+from specwire.decode.draft_step import ServedStep
 from specwire.decode.plain import GenerationResult, check_request
 from specwire.decode.sampling import SamplingParams, logits_to_probs, make_generator, next_token, sample_from
 from specwire.target.load import Target, tokenizer_fingerprint

@@ -121,6 +121,40 @@ def make_tiny_target_dir(tmp_path, arch: str = "llama", *, seed: int = 0, **over
     return out
 
 
+def gguf_dequantized(w: torch.Tensor, form: str) -> torch.Tensor:
+    """w [N, K] (K % 32 == 0) quantized as llama.cpp quantizes it (per block of 32: q4_1 stores d = (max - min) / 15
+    and m = min as float16, codes 0..15; q8_0 stores d = max |x| / 127, int8 codes) and dequantized as gguf-py
+    dequantizes it, in float32: what a model converted from a GGUF file holds."""
+    N, K = w.shape
+    x = w.detach().float().view(N, K // 32, 32)
+    if form == "q4_1":
+        lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+        d = (hi - lo) / 15
+        inv = torch.where(d == 0, torch.zeros(()), 1 / d)
+        q = torch.clamp(((x - lo) * inv + 0.5).floor(), 0, 15)
+        d16, m16 = d.half().float(), lo.half().float()
+        return (d16 * q + m16).view(N, K)  # two roundings, as numpy computes it
+    d = x.abs().amax(-1, keepdim=True) / 127
+    inv = torch.where(d == 0, torch.zeros(()), 1 / d)
+    return (torch.round(x * inv) * d.half().float()).view(N, K)
+
+
+def make_gguf_like_target_dir(tmp_path, arch: str = "llama", *, seed: int = 0) -> Path:
+    """A tiny target whose weights are a GGUF file's, dequantized (`gguf_dequantized`): every linear layer of the
+    decoder in q4_1, the lm_head in q8_0, as the built-in target is. Saved into tmp_path/<arch>-s<seed>-gguf."""
+    out = Path(tmp_path) / f"{arch}-s{seed}-gguf"
+    if (out / "config.json").is_file():
+        return out
+    model = make_tiny_model(arch, seed=seed)
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight.copy_(gguf_dequantized(m.weight, "q8_0" if name == "lm_head" else "q4_1"))
+    model.save_pretrained(out)
+    tiny_tokenizer().save_pretrained(out)
+    return out
+
+
 # ---- random tiny drafts, and a draft folder's config.json ---------------------------------------
 
 DRAFT_VOCAB = 128

@@ -104,10 +104,10 @@ def test_packing_takes_bf16_copies_only_where_every_part_has_one():
     with torch.no_grad():
         for m in parts:
             m.weight.copy_(m.weight.to(torch.bfloat16).float())  # bf16 numbers
-    both = concat_linears([RowDotLinear(m, bf16_weights=True) for m in parts])
-    assert both.weight_bf16 is not None
-    one = concat_linears([RowDotLinear(parts[0], bf16_weights=True), RowDotLinear(parts[1])])
-    assert one.weight_bf16 is None
+    both = concat_linears([RowDotLinear(m, forms=("bf16",)) for m in parts])
+    assert both.compact is not None and both.compact.form == "bf16"
+    one = concat_linears([RowDotLinear(parts[0], forms=("bf16",)), RowDotLinear(parts[1])])
+    assert one.compact is None
 
 
 def test_products_of_other_kinds_or_mixed_kinds_are_not_packed():

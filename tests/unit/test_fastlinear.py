@@ -1,4 +1,5 @@
-"""Swapped linear layers (pre-transposed, rowdot): the same maths as nn.Linear, and lossless decoding on a swapped target."""
+"""Swapped linear layers (pre-transposed, rowdot, rowdot over GGUF-like compact weights): the same maths as
+nn.Linear, and lossless decoding on a swapped target."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import torch.nn as nn
 
 from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
 from specwire.errors import SpecwireError
-from specwire.target.fastlinear import PretransposedLinear, is_pretransposed, linear_kind, pretranspose_linears
+from specwire.target.fastlinear import (PretransposedLinear, RowDotLinear, is_pretransposed, linear_kind,
+                                        pretranspose_linears)
 from specwire.decode.plain import plain_generate
 from specwire.target.load import load_target
 
-from helpers import OracleProposer, make_draft_dir, make_tiny_model, make_tiny_target_dir, prompt_of
+from helpers import (OracleProposer, make_draft_dir, make_gguf_like_target_dir, make_tiny_model, make_tiny_target_dir,
+                     prompt_of)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -44,11 +47,16 @@ def test_swap_covers_every_linear_keeps_embeddings_and_logits():
         assert torch.equal(model.get_input_embeddings().weight, emb)
 
 
-@pytest.fixture(scope="module", params=["pretransposed", "rowdot"])
+@pytest.fixture(scope="module", params=["pretransposed", "rowdot", "rowdot-gguf"])
 def swapped(tmp_path_factory, request):
-    folder = make_tiny_target_dir(tmp_path_factory.mktemp("fl-target"))
+    """(plain, swapped, scratch folder). rowdot-gguf: a target whose weights were dequantized from GGUF block
+    codes, which the kernel reads in their compact forms (`target.compact`)."""
+    gguf = request.param == "rowdot-gguf"
+    folder = (make_gguf_like_target_dir if gguf else make_tiny_target_dir)(tmp_path_factory.mktemp("fl-target"))
     plain_t = load_target(folder, device="cpu")
-    fast_t = load_target(folder, device="cpu", linear=request.param)
+    fast_t = load_target(folder, device="cpu", linear=request.param.removesuffix("-gguf"))
+    compact = [m.compact is not None for m in fast_t.model.modules() if isinstance(m, RowDotLinear)]
+    assert all(compact) if gguf else not any(compact)
     return plain_t, fast_t, tmp_path_factory.mktemp("fl-draft")
 
 

@@ -143,11 +143,11 @@ def test_the_engine_draft_takes_the_targets_kernel(tiny_target, tmp_path):
         torch.testing.assert_close(b.lm_head(h), a.lm_head(h), rtol=1e-5, atol=1e-5)
     # float32 weights that are not bf16 numbers are read as they are; a draft stored in bf16 is read as bf16,
     # with bitwise the products of its float32 form
-    assert all(m.weight_bf16 is None for m in b.modules() if isinstance(m, RowDotLinear))
+    assert all(m.compact is None for m in b.modules() if isinstance(m, RowDotLinear))
     stored = save_draft(load_draft(ckpt), tmp_path / "d16", dtype=torch.bfloat16)
     c = load_engine_draft(stored, fast)
     layers = [m for m in c.modules() if isinstance(m, RowDotLinear)]
-    assert layers and all(m.weight_bf16 is not None for m in layers)
+    assert layers and all(m.compact is not None and m.compact.form == "bf16" for m in layers)
     with torch.no_grad():
         for m in layers:
             x = torch.randn(3, m.in_features)

@@ -163,7 +163,7 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
     if linear_kind(target.model) == "rowdot":  # the draft's products take the target's kernel: on a CPU without
         # native bf16 its one-row product is the faster (speed only: a draft needs no invariance); a draft stored
         # in bf16 is read as bf16, exactly the same products at half the bytes
-        rowdot_linears(draft, bf16_weights=True)
+        rowdot_linears(draft, forms=("bf16",))
     draft.served = ServedStep.build(draft)  # the decoding pass: packed products, fewer ops (`decode.draft_step`)
     return draft
 

@@ -20,7 +20,9 @@ not bitwise. Losslessness is always judged against greedy decoding of the same (
 RowDot (`--linear rowdot`, float32 on x86-64 CPUs with AVX2): nn.Linear's maths through the compiled
 kernel of `target.rowdot`, in which every output is one fixed chain of operations whatever the row
 count. Its products are row-invariant by construction, so they need no row padding, and a one-token
-step keeps the cost of a matrix-vector product.
+step keeps the cost of a matrix-vector product. That step is bound by reading the weights, so a layer
+whose float32 weight is held exactly in fewer bytes (`target.compact`: bf16 numbers, or GGUF block codes
+as in the built-in target) has the kernel read that form: same products bitwise, fewer bytes.
 
 Row padding: a CPU GEMM library picks its kernel by the number of rows, and works through the rows in
 blocks. A one-row product (a matrix-vector kernel), or the leftover rows after the last whole block,
@@ -40,6 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from specwire.target.attention import MAX_INVARIANT_QUERIES
+from specwire.target.compact import pack
 from specwire.target.rowdot import rowdot
 
 
@@ -208,29 +211,30 @@ class RowDotLinear(nn.Module):
 
     stock = False
 
-    def __init__(self, linear: nn.Linear, *, bf16_weights: bool = False):
+    def __init__(self, linear: nn.Linear, *, forms: tuple[str, ...] = ()):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        # a bf16 copy that the kernel reads instead, where it holds the weight exactly (same products, half the
-        # bytes); not saved with the module (persistent=False) and not refreshed if the weight later changes
-        packed = linear.weight.detach().to(torch.bfloat16) if bf16_weights else None
-        exact = packed is not None and torch.equal(packed.float(), linear.weight.detach())
-        self.register_buffer("weight_bf16", packed if exact else None, persistent=False)
+        # the weight in the first of `forms` that holds it exactly (`target.compact`): the kernel reads it
+        # instead, with bitwise the same products and fewer bytes; a copy, not refreshed if the weight changes
+        self.forms = tuple(forms)
+        self.compact = pack(linear.weight.detach(), self.forms) if self.forms else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
         if (self.stock or x.numel() > MAX_INVARIANT_QUERIES * x.shape[-1]
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
-        return rowdot(x, self.weight if self.weight_bf16 is None else self.weight_bf16, self.bias)
+        return rowdot(x, self.weight if self.compact is None else self.compact, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        form = self.compact.form if self.compact is not None else "float32"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, " \
+               f"weights={form}"
 
 
 def concat_linears(linears: list[nn.Module]) -> nn.Module | None:
     """One product for several that read the same input: their weights (and biases) stacked by output rows,
-    as a module of their kind (nn.Linear, or RowDotLinear reading bf16 copies where they all do); None for
+    as a module of their kind (nn.Linear, or RowDotLinear, packed in their compact forms where they all are); None for
     another kind, a mix of kinds or of biased and unbiased layers. The weights are copies, without grad."""
     kinds = {type(m) for m in linears}
     if len(kinds) != 1 or next(iter(kinds)) not in (nn.Linear, RowDotLinear):
@@ -245,7 +249,8 @@ def concat_linears(linears: list[nn.Module]) -> nn.Module | None:
     if bias is not None:
         linear.bias = nn.Parameter(bias, requires_grad=False)
     if isinstance(linears[0], RowDotLinear):
-        return RowDotLinear(linear, bf16_weights=all(m.weight_bf16 is not None for m in linears))
+        packed = all(m.compact is not None for m in linears)
+        return RowDotLinear(linear, forms=linears[0].forms if packed else ())
     return linear
 
 
@@ -260,12 +265,20 @@ def _swap_linears(model: nn.Module, make, skip: tuple[str, ...] = ()) -> int:
     return len(swaps)
 
 
-def rowdot_linears(model: nn.Module, *, bf16_weights: bool = False) -> int:
+def rowdot_linears(model: nn.Module, *, forms: tuple[str, ...] = ()) -> int:
     """Replace every nn.Linear under `model` by a `RowDotLinear` (sharing its Parameters, so tied weights stay
-    tied); returns how many were swapped. `bf16_weights`: each layer whose float32 weights are bf16 numbers
-    (a checkpoint stored in bf16) reads a bf16 copy, with bitwise the same products. The caller checks
+    tied); returns how many were swapped. `forms` (`target.compact.FORMS` or some of them): each layer whose
+    float32 weight one of them holds exactly (bf16 numbers of a checkpoint stored in bf16, the block codes of a
+    model converted from GGUF) reads it in that form, with bitwise the same products. The caller checks
     `target.rowdot.available()` first."""
-    return _swap_linears(model, lambda linear: RowDotLinear(linear, bf16_weights=bf16_weights))
+    return _swap_linears(model, lambda linear: RowDotLinear(linear, forms=forms))
+
+
+def weight_bytes(model: nn.Module) -> tuple[int, int]:
+    """(bytes the rowdot kernel reads per pass over the model's RowDotLinear weights, bytes in float32)."""
+    layers = [m for m in model.modules() if isinstance(m, RowDotLinear)]
+    read = sum(m.compact.nbytes if m.compact is not None else m.weight.numel() * 4 for m in layers)
+    return read, sum(m.weight.numel() * 4 for m in layers)
 
 
 def linear_kind(model: nn.Module) -> str:

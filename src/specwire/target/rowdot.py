@@ -2,7 +2,8 @@
 
 Scope: building `rowdot.c` and `rowattn.c` (beside this file, sharing `rowkernels.h`) into one shared library on first use, cached
 under `$SPECWIRE_HOME/kernels` by a hash of the sources, flags and compiler; loading it with ctypes;
-`available` (can this machine run it, and if not, why); `rowdot` (x @ W.T + b through it) and `library`
+`available` (can this machine run it, and if not, why); `rowdot` (x @ W.T + b through it, W float32, bf16 or
+an exact `compact.CompactWeight`) and `library`
 (for `attention.compiled_attention`, the attention kernel's caller). Does not own the module that swaps a
 model's linear layers (`fastlinear.RowDotLinear`), the attention's rule (`attention`) nor the choice of
 kernel (`decode.kernels`).
@@ -14,7 +15,8 @@ restores invariance but turns each one-token step into a small matrix product, w
 native bf16 costs about 1.5x the matrix-vector product it replaces. The kernel in `rowdot.c` computes
 every output as one fixed chain of fused multiply-adds (its header says which), so it needs no padding,
 and it reads each weight row once for a block of rows, so a pass of a few rows costs about one read of
-the weights. Needs: x86-64 with AVX2 and FMA, a C compiler (`$CC`, else `cc` or `gcc`), OpenMP.
+the weights. A one-token step is bound by that read, so the kernel also reads weights held exactly in
+fewer bytes (`target.compact`), rebuilding each float32 weight bitwise as it loads it. Needs: x86-64 with AVX2 and FMA, a C compiler (`$CC`, else `cc` or `gcc`), OpenMP.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ from pathlib import Path
 import torch
 
 from specwire.errors import SpecwireError
+from specwire.target.compact import CompactWeight
 
 log = logging.getLogger("specwire")
 SOURCES = (Path(__file__).with_name("rowdot.c"), Path(__file__).with_name("rowattn.c"))  # compiled into one library
 HEADERS = (Path(__file__).with_name("rowkernels.h"),)  # included by the sources (part of their digest)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared")  # no -ffast-math: the order is the point
-ABI = 3  # `specwire_rowdot_abi()` of the sources this module calls
+ABI = 4  # `specwire_rowdot_abi()` of the sources this module calls
 
 
 def source_digest() -> str:
@@ -101,6 +104,10 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     lib.specwire_rowdot_f32.restype = None
     lib.specwire_rowdot_bf16w.argtypes = lib.specwire_rowdot_f32.argtypes
     lib.specwire_rowdot_bf16w.restype = None
+    lib.specwire_rowdot_q4_1.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ctypes.c_int]
+    lib.specwire_rowdot_q4_1.restype = None
+    lib.specwire_rowdot_q8_0.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, ctypes.c_int]
+    lib.specwire_rowdot_q8_0.restype = None
     lib.specwire_rowattn_f32.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, ptr, i64, i64, i64, i64,
                                          ptr, ctypes.c_float, ptr, ptr, ctypes.c_int]
     lib.specwire_rowattn_f32.restype = None
@@ -129,26 +136,37 @@ def require() -> None:
                             "Use --linear torch (or auto).")
 
 
-def rowdot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def rowdot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N], float32 on CPU, each row bitwise independent
-    of how many rows the call holds. A bfloat16 weight is widened as it is read: bitwise the float32 product
-    over weight.float(), at half the weight bytes. No autograd: for inference passes only."""
+    of how many rows the call holds. The weight is float32, bfloat16 (widened as it is read: bitwise the
+    float32 product over weight.float(), at half the bytes) or a `compact.CompactWeight` (bitwise the
+    product over its `.float()`, at its bytes). No autograd: for inference passes only."""
     lib = library()
-    if (x.dtype != torch.float32 or weight.dtype not in (torch.float32, torch.bfloat16) or x.device.type != "cpu"
-            or (bias is not None and bias.dtype != torch.float32)):
-        raise SpecwireError(f"rowdot: expected float32 inputs (and bias) on CPU with a float32 or bfloat16 weight, "
-                            f"found {x.dtype} on {x.device} with a {weight.dtype} weight.")
+    compact = isinstance(weight, CompactWeight)
+    if (x.dtype != torch.float32 or x.device.type != "cpu" or (bias is not None and bias.dtype != torch.float32)
+            or not (compact or weight.dtype in (torch.float32, torch.bfloat16))):
+        found = f"a {weight.form} compact weight" if compact else f"a {weight.dtype} weight"
+        raise SpecwireError(f"rowdot: expected float32 inputs (and bias) on CPU with a float32, bfloat16 or compact "
+                            f"weight, found {x.dtype} on {x.device} with {found}.")
     N, K = weight.shape
     if x.shape[-1] != K:
         raise SpecwireError(f"rowdot: expected inputs of width {K}, found {x.shape[-1]}.")
     # each tensor op costs microseconds, and a draft step makes a handful of these calls: skip the no-op ones
     flat = x if x.dim() == 2 else x.reshape(-1, K)  # shape: [M, K]
     flat = flat if flat.is_contiguous() else flat.contiguous()
-    w = weight if weight.is_contiguous() else weight.contiguous()
-    b = bias if bias is None or bias.is_contiguous() else bias.contiguous()
+    b = None if bias is None else (bias if bias.is_contiguous() else bias.contiguous()).data_ptr()
     y = torch.empty(flat.shape[0], N, dtype=torch.float32)  # shape: [M, N]
-    if flat.shape[0]:
+    M, threads = flat.shape[0], torch.get_num_threads()
+    if not M:
+        pass
+    elif compact and weight.form == "q4_1":
+        lib.specwire_rowdot_q4_1(flat.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(),
+                                 weight.m.data_ptr(), N, b, y.data_ptr(), threads)
+    elif compact and weight.form == "q8_0":
+        lib.specwire_rowdot_q8_0(flat.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(), N, b,
+                                 y.data_ptr(), threads)
+    else:
+        w = weight.codes if compact else weight if weight.is_contiguous() else weight.contiguous()
         fn = lib.specwire_rowdot_bf16w if w.dtype == torch.bfloat16 else lib.specwire_rowdot_f32
-        fn(flat.data_ptr(), flat.shape[0], K, w.data_ptr(), N, None if b is None else b.data_ptr(), y.data_ptr(),
-           torch.get_num_threads())
+        fn(flat.data_ptr(), M, K, w.data_ptr(), N, b, y.data_ptr(), threads)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], N)

@@ -8,7 +8,9 @@ builds), each in two forms (rowdot only in the first: its stock form is nn.Linea
     (what decoding runs: passes bitwise equal to single steps);
   - stock: transformers' sdpa and no padding (what `hf-generate` runs; not invariant).
 It then ranks the invariant kernels as `--dtype auto` does and says which it chose and why, and caches
-the invariant curves where `--dtype auto` looks for them.
+the invariant curves where `--dtype auto` looks for them. Where the rowdot kernel reads weights in an exact
+compact form (`target.compact`: the built-in target's GGUF block codes), the same kernel reading them as
+float32 is measured beside it, as a reference.
 
     python tools/verify_cost.py --threads 2 --out docs/bench/verify-cost
 
@@ -25,7 +27,7 @@ import torch
 
 from specwire.decode.kernels import candidate_kernels, describe_features, rank_kernels, reference_acceptance
 from specwire.safeio import atomic_path, write_json, write_text
-from specwire.target.fastlinear import linear_min_rows
+from specwire.target.fastlinear import RowDotLinear, linear_min_rows
 from specwire.target.hardware import KernelChoice, measure_curve
 from specwire.target.load import load_target
 
@@ -59,6 +61,14 @@ def main(argv=None) -> int:
                 curves[kernel.name] = c
                 write_cache(CacheKey.here(t.spec.fingerprint), specwire_home(), curves={kernel.name: c})
             print(name, [round(c.at(T), 1) for T in SHOWN], flush=True)
+            packed = [m for m in t.model.modules() if isinstance(m, RowDotLinear) and m.compact is not None]
+            if packed:  # a reference, not a candidate: the same kernel reading every weight as float32
+                for m in packed:
+                    m.compact = None
+                name = f"{kernel.name} invariant, weights read as float32"
+                rows[name] = measure_curve(t, kernel, min_rows=1, context=args.context, reps=args.reps)
+                rows[name].invariant = curves[kernel.name].invariant
+                print(name, [round(rows[name].at(T), 1) for T in SHOWN], flush=True)
             del t
     ranking = rank_kernels(curves, reference_acceptance())
     out = Path(args.out)

@@ -398,7 +398,13 @@ def test_resume_refuses_other_settings_another_machine_and_a_corrupt_record(tiny
     h = json.loads(header)
     h["machine"]["cpu"] = "another CPU"
     path.write_text("\n".join([json.dumps(h), *rest]) + "\n")
-    with pytest.raises(SpecwireError, match=r"another machine \(cpu: recorded 'another CPU', now .*never mixed"):
+    with pytest.raises(SpecwireError, match=r"another machine or build \(cpu: recorded 'another CPU', now .*never mixed"):
+        run_bench(_resumable(tiny_llama_target, prompt_file, out), target=tiny_llama_target)
+    h["machine"]["cpu"] = json.loads(header)["machine"]["cpu"]
+    assert h["machine"]["kernels"]  # this machine builds the compiled kernels
+    h["machine"]["kernels"] = "an older build"
+    path.write_text("\n".join([json.dumps(h), *rest]) + "\n")
+    with pytest.raises(SpecwireError, match=r"another machine or build \(kernels: recorded 'an older build'"):
         run_bench(_resumable(tiny_llama_target, prompt_file, out), target=tiny_llama_target)
 
     path.write_text(header + "\nnot json\n" + "\n".join(rest) + "\n")

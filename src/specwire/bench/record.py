@@ -10,7 +10,8 @@ summarising the runs (`bench.summary`).
 
 The unit of resumption is a whole prompt: all methods of a prompt are timed in one process, one after
 another, so a resumed run stays side by side. Timings from different machines never mix: the record
-keeps the machine it was measured on and a resume elsewhere is refused. A larger `--limit` extends a
+keeps the machine it was measured on, and the build of the compiled kernels, and a resume elsewhere (or
+after the kernels changed) is refused. A larger `--limit` extends a
 finished run with more prompts.
 """
 
@@ -29,7 +30,9 @@ RUNS_FILE = "runs.jsonl"
 FORMAT = "specwire-bench-runs"
 VERSION = 1
 # Machine fields that must match for timings to be comparable.
-MACHINE_KEYS = ("torch", "transformers", "cpu", "cpu_count", "threads", "device", "dtype", "linear", "gpu")
+# what timings depend on besides the settings: the machine, and the build of the compiled kernels that ran
+MACHINE_KEYS = ("torch", "transformers", "cpu", "cpu_count", "threads", "device", "dtype", "linear", "gpu", "kernels",
+                "weights_read_mb")
 FRESH_FIX = "rerun with the recorded settings to resume it, or pass --fresh (or another --out) to measure again."
 
 
@@ -123,8 +126,9 @@ def resume_record(path: Path, *, settings: Mapping[str, Any], machine: Mapping[s
         raise SpecwireError(f"{path} records a bench with other settings ({'; '.join(diffs)}).", fix=FRESH_FIX)
     diffs = _differences(rec.machine, machine, MACHINE_KEYS)
     if diffs:
-        raise SpecwireError(f"{path} was measured on another machine ({'; '.join(diffs)}); timings from different "
-                            "machines are never mixed.", fix="pass --fresh (or another --out) to measure here.")
+        raise SpecwireError(f"{path} was measured on another machine or build ({'; '.join(diffs)}); timings from "
+                            "different machines or kernels are never mixed.",
+                            fix="pass --fresh (or another --out) to measure here.")
     done = {pid: runs for pid, runs in rec.prompts.items() if pid in prompt_tokens}  # a smaller --limit uses a prefix
     for pid, runs in done.items():
         found = sorted(str(r.get("method")) for r in runs)

@@ -67,6 +67,14 @@ def machine_info(device: torch.device, dtype: torch.dtype, model: torch.nn.Modul
         info["attention"] = getattr(model.config, "_attn_implementation", None)
         if info["attention"] == ATTENTION_NAME:  # which form of the invariant attention ran (`target.attention`)
             info["attention"] += " (compiled)" if device.type == "cpu" and kernels_available() else " (torch)"
+    if device.type == "cpu" and kernels_available():  # which build of the compiled kernels timed the runs
+        from specwire.target.rowdot import source_digest
+
+        info["kernels"] = source_digest()
+    if info.get("linear") == "rowdot":  # and what they read a pass (compact forms: fewer bytes)
+        from specwire.target.fastlinear import weight_bytes
+
+        info["weights_read_mb"] = round(weight_bytes(model)[0] / 1e6)
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info

@@ -11,6 +11,7 @@
 # the pinned transformers 5.19.0):
 #   DEVICE=cpu LIMIT=1 NEW_TOKENS=8 EVAL_LIMIT=2 EVAL_TOKENS=8 SI_SAMPLES=16 SI_BATCH=8 AUTOCAST=--no-autocast \
 #   BENCH_DTYPE=float32 OUT=/tmp/gpu-dry PY=.venv/bin/python bash tools/gpu_run.sh
+# (tests/integration/test_gpu_script.py runs a smaller one).
 # Every step runs under `timeout` within BUDGET_S seconds in all; a step that fails or runs out of time
 # leaves its log and the next one still runs. Results: $OUT/gpu-results.tar.gz (logs, bench folders,
 # eval JSON, training metrics) and $OUT/gpu-draft.tar.xz (the trained draft, when one was written).
@@ -29,6 +30,8 @@ SI_SKIP=${SI_SKIP:-6400}       # the self-instruct conversations the shipped dra
 SI_SAMPLES=${SI_SAMPLES:-}     # how many of the rest to train on (empty: all)
 SI_BATCH=${SI_BATCH:-32}
 SI_LR=${SI_LR:-3e-4}
+VAL_SAMPLES=${VAL_SAMPLES:-96}  # self-instruct validation conversations (best-checkpoint selection)
+FP32_BENCH=${FP32_BENCH:-1}     # 0: no fp32 bench at the end
 AUTOCAST=${AUTOCAST:---autocast}  # the draft under bf16 autocast (CUDA; --no-autocast for a dry run on a CPU without bf16)
 BENCH_DTYPE=${BENCH_DTYPE:-bfloat16}  # the first bench's dtype (a dry run on a CPU without bf16: float32)
 PY=${PY:-python3}
@@ -75,7 +78,7 @@ si_args=(--skip-train-samples "$SI_SKIP"); [ -n "$SI_SAMPLES" ] && si_args+=(--m
 step train 200 "${SW[@]}" train --online --device "$DEVICE" --target smollm2-135m --data tools/draft/data/selfinstruct \
   --init-draft smollm2-135m-eagle3 --out "$WORK/train" "${si_args[@]}" --ttt-steps 3 --epochs 1 --lr "$SI_LR" \
   --warmup-ratio 0.05 --batch-size "$SI_BATCH" --batch-tokens 65536 --eval-every 100 --save-every 100 \
-  --eval-max-samples 96 --select best --dtype float32 "$AUTOCAST" --no-progress --json
+  --eval-max-samples "$VAL_SAMPLES" --select best --dtype float32 "$AUTOCAST" --no-progress --json
 trained=""
 for d in "$WORK/train/draft" "$WORK/train/best"; do [ -f "$d/config.json" ] && { trained=$d; break; }; done
 
@@ -89,5 +92,5 @@ done
 pack
 [ -n "$trained" ] && tar -cJf "$OUT/gpu-draft.tar.xz" -C "$(dirname "$trained")" "$(basename "$trained")"
 
-step bench-fp32 240 "${SW[@]}" "${BENCH[@]}" --dtype float32 --out "$WORK/bench-fp32" --json
+[ "$FP32_BENCH" = 1 ] && step bench-fp32 240 "${SW[@]}" "${BENCH[@]}" --dtype float32 --out "$WORK/bench-fp32" --json
 echo "[$(date +%T)] done in $(( $(date +%s) - start ))s"

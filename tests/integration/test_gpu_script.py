@@ -48,7 +48,7 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
     assert [r["method"] for r in bench["results"]] == \
         ["hf-generate", "hf-prompt-lookup", "plain", "eagle3-chain", "eagle3-tree"]
     assert all(r["lossless"] for r in bench["results"]), [(r["method"], r["first_mismatch"]) for r in bench["results"]]
-    for name, rep in evals.items():
-        assert rep["predicted_accept_length"] >= 1.0, (name, rep)
+    for name, rep in evals.items():  # each eval read the held-out answers the script's datagen wrote
+        assert (rep["split"], rep["n_samples"]) == ("all", 2), (name, rep)
     with tarfile.open(out / "gpu-draft.tar.xz") as tar:
         assert {"draft/config.json", "draft/model.safetensors"} <= set(tar.getnames())

@@ -10,7 +10,8 @@ builds), each in two forms (rowdot only in the first: its stock form is nn.Linea
 It then ranks the invariant kernels as `--dtype auto` does and says which it chose and why, and caches
 the invariant curves where `--dtype auto` looks for them. Where the rowdot kernel reads weights in an exact
 compact form (`target.compact`: the built-in target's GGUF block codes), the same kernel reading them as
-float32 is measured beside it, as a reference.
+float32 is measured beside it, as a reference, and so is the AVX2 build of the kernel where the default
+build is another (AVX-512: bitwise the same products, and checked so).
 
     python tools/verify_cost.py --threads 2 --out docs/bench/verify-cost
 
@@ -29,6 +30,7 @@ from specwire.decode.kernels import candidate_kernels, describe_features, rank_k
 from specwire.safeio import atomic_path, write_json, write_text
 from specwire.target.fastlinear import RowDotLinear, linear_min_rows
 from specwire.target.hardware import KernelChoice, measure_curve
+from specwire.target import rowdot
 from specwire.target.load import load_target
 
 SHOWN = (1, 2, 4, 6, 8, 12, 16, 17)
@@ -61,6 +63,8 @@ def main(argv=None) -> int:
                 curves[kernel.name] = c
                 write_cache(CacheKey.here(t.spec.fingerprint), specwire_home(), curves={kernel.name: c})
             print(name, [round(c.at(T), 1) for T in SHOWN], flush=True)
+            if kernel.linear == "rowdot" and rowdot.isa() != "avx2":  # before the reference below drops the codes
+                rows[f"{kernel.name} invariant, the AVX2 build"] = _avx2_build_curve(t, kernel, args)
             packed = [m for m in t.model.modules() if isinstance(m, RowDotLinear) and m.compact is not None]
             if packed:  # a reference, not a candidate: the same kernel reading every weight as float32
                 for m in packed:
@@ -76,7 +80,7 @@ def main(argv=None) -> int:
     command = f"python tools/verify_cost.py --threads {args.threads} --context {args.context} --reps {args.reps} --out {args.out}"
     from specwire.target.cpu import cpu_model
 
-    cpu = f"{cpu_model()} ({describe_features()})"
+    cpu = f"{cpu_model()} ({describe_features()}; rowdot build: {rowdot.isa()})"
     write_json(out / "results.json", {"tokens": SHOWN, "curves": {n: c.to_dict() for n, c in rows.items()},
                                       "ranking": [{"kernel": r.kernel.name, "expected_tokens_per_s": r.expected_tokens_per_s,
                                                    "budget": r.budget} for r in ranking],
@@ -104,6 +108,25 @@ def main(argv=None) -> int:
     _plot(rows, base, out / "results.png")
     print(md)
     return 0
+
+
+def _avx2_build_curve(t, kernel: KernelChoice, args):
+    """A reference, not a candidate: the same rowdot kernel from the AVX2 build (bitwise the same products, one
+    output's chain a register instead of two), loaded for this measurement only."""
+    import os
+
+    os.environ[rowdot.ISA_ENV] = "avx2"
+    rowdot._library.cache_clear()
+    try:
+        from specwire.decode.kernels import _check
+
+        c = measure_curve(t, kernel, min_rows=1, context=args.context, reps=args.reps)
+        c.invariant = _check(t)
+    finally:
+        del os.environ[rowdot.ISA_ENV]
+        rowdot._library.cache_clear()
+    print(f"{kernel.name} invariant, the AVX2 build", [round(c.at(T), 1) for T in SHOWN], flush=True)
+    return c
 
 
 def _plot(rows, base: float, path: Path) -> None:

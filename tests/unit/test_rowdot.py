@@ -152,3 +152,41 @@ def test_the_engine_draft_takes_the_targets_kernel(tiny_target, tmp_path):
         for m in layers:
             x = torch.randn(3, m.in_features)
             assert torch.equal(m(x), rowdot(x, m.weight, m.bias))
+
+
+def _builds_here() -> list[str]:
+    return [b for b in rowdot_mod.ISA_FLAGS if rowdot_mod._cpu_ok(b) is None]
+
+
+def test_the_default_build_is_the_widest_this_cpu_runs_and_can_be_named(monkeypatch):
+    builds = _builds_here()
+    assert builds[0] == "avx2" and rowdot_mod.isa() == builds[-1]
+    monkeypatch.setenv(rowdot_mod.ISA_ENV, "avx2")
+    assert rowdot_mod.isa() == "avx2" and rowdot_mod.source_digest() == rowdot_mod.source_digest("avx2")
+    monkeypatch.setenv(rowdot_mod.ISA_ENV, "sse9")
+    with pytest.raises(SpecwireError, match=r"SPECWIRE_ROWDOT_ISA: expected one of avx2, avx512, found 'sse9'"):
+        rowdot_mod.isa()
+    assert rowdot_mod.source_digest("avx2") != rowdot_mod.source_digest("avx512")  # cost caches never mix builds
+
+
+@pytest.mark.parametrize("form", ["float32", "bf16", "q4_1", "q8_0"])
+def test_every_build_this_cpu_runs_gives_bitwise_the_avx2_builds_products(form):
+    """The AVX-512 build holds two outputs' chains in one register: the same operations in the same order, so
+    the same bits, for every row count (its one-row, few-row and decoded-strip paths), odd column counts (the
+    leftover column takes the AVX2 tile) and widths with a tail; on a CPU without AVX-512 only avx2 runs."""
+    from helpers import gguf_dequantized
+    from specwire.target.compact import pack
+
+    builds = _builds_here()
+    g = torch.Generator().manual_seed(7)
+    for n, k in [(1, 32), (7, 64), (17, 96), (67, 160), (300, 576)] + ([(13, 100), (5, 7)] if form in ("float32", "bf16") else []):
+        w = torch.randn(n, k, generator=g) * 0.05
+        weight = w if form == "float32" else w.bfloat16() if form == "bf16" else pack(gguf_dequantized(w, form),
+                                                                                      forms=(form,))
+        assert weight is not None and (form == "float32" or form == "bf16" or weight.form == form)
+        x, b = torch.randn(17, k, generator=g), torch.randn(n, generator=g)
+        for m in range(1, 18):
+            for bias in (None, b):
+                ref = rowdot(x[:m], weight, bias, build="avx2")
+                for build in builds:
+                    assert torch.equal(rowdot(x[:m], weight, bias, build=build), ref), f"{build}: {n}x{k}, M={m}"

@@ -195,8 +195,13 @@ def resolve_kernel(name_or_path: str, dtype: str, linear: str, *, device: str | 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dtype != "auto" and linear != "auto":
         return KernelChoice(dtype, linear)
-    best, _ = default_kernel(name_or_path, device=device)
-    return KernelChoice(best.dtype if dtype == "auto" else dtype, best.linear if linear == "auto" else linear)
+    best, ranking = default_kernel(name_or_path, device=device)
+    if dtype == "auto":
+        return KernelChoice(best.dtype, best.linear if linear == "auto" else linear)
+    # an explicit dtype: the fastest measured linear of that dtype (the overall best may be another dtype's,
+    # such as rowdot, a float32 kernel), else the stock one
+    of_dtype = [r.kernel for r in ranking if r.kernel.dtype == dtype]
+    return KernelChoice(dtype, of_dtype[0].linear if of_dtype else "torch")
 
 
 def load_decoding_target(name_or_path: str, *, device: str | None = None, dtype: str = "auto",
@@ -208,5 +213,5 @@ def load_decoding_target(name_or_path: str, *, device: str | None = None, dtype:
 
 def describe_features() -> str:
     """'amx_bf16, avx512_bf16' style list of the CPU features that decide kernel speed ('none' if none)."""
-    on = [f for f, v in cpu_features().items() if v and f in ("amx_bf16", "avx512_bf16", "avx2")]
+    on = [f for f, v in cpu_features().items() if v and f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2")]
     return ", ".join(on) or "none"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-_FEATURE_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2", "fma")
+_FEATURE_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma")
 
 
 def cpu_model() -> str:

@@ -26,6 +26,14 @@
  * weights): it wins where float32 weights would stream from memory, not where they sit in cache. The
  * columns are split across threads. Compiled with -O3 -mavx2
  * -mfma -fopenmp, and without -ffast-math: the order is the point.
+ *
+ * Where the CPU has AVX-512, specwire/target/rowdot.py builds it with -DSPECWIRE_AVX512 as well: the same
+ * chains, two outputs' 8-lane accumulators side by side in one zmm register (the section below), so every
+ * output is bitwise the AVX2 build's and each instruction does twice the work. Its tiles are narrower in
+ * columns (3 pairs for one row, 2 for 2-4 rows): each column is 2 or 3 weight streams, and fewer streams
+ * a tile read faster than more accumulators on the machine it was tuned on (a 2-core AMD EPYC, Zen 5).
+ * Float32 weights in passes of one or two rows keep the ymm tiles: loading two rows into one register cost
+ * more there than it saved.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -225,9 +233,204 @@ static inline __attribute__((always_inline)) void rowdot_part(const int WF, cons
     }
 }
 
+#ifdef SPECWIRE_AVX512
+/* ---- AVX-512: the same chains, two outputs to a register ------------------------------------------------
+ * A zmm accumulator holds the 8-lane accumulators of two outputs (columns j and j + 1 of one row) side by
+ * side: its low 8 lanes are column j's, its high 8 lanes column j + 1's, each lane taking the same k by the
+ * same fused multiply-adds in the same order as the ymm kernel above, and each half folded by `fold8`. So
+ * every output is bitwise the AVX2 build's; one instruction does the work of two. A weight pair is loaded
+ * (or decoded) as one zmm, the input's 8 k broadcast to both halves. Built where the CPU has AVX-512
+ * (F, BW, DQ, VL), with -DSPECWIRE_AVX512; an odd last column of a strip takes the ymm tile. */
+
+enum { PAIRS = 4 };  /* float32 weight rows interleaved by pairs: pair p's k-step s is 16 floats at 2pK + 16s */
+
+static inline __attribute__((always_inline)) __m512 rounded512(__m512 v) {
+    __asm__("" : "+v"(v));
+    return v;
+}
+
+static inline __attribute__((always_inline)) __m512 pair256(__m256 lo, __m256 hi) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+static inline __attribute__((always_inline)) __m256i pair128(__m128i lo, __m128i hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+/* rows j and j + 1's 8 float32 weights at k (a multiple of 8), as [row j | row j + 1] */
+static inline __attribute__((always_inline)) __m512 load8x2(const int WF, const wsrc *w, int64_t K, int64_t j,
+                                                            int64_t k) {
+    if (WF == PAIRS) return _mm512_loadu_ps((const float *)w->codes + j * K + 2 * k);
+    if (WF == BF16) {
+        const uint16_t *c = (const uint16_t *)w->codes + j * K + k;
+        const __m256i h = pair128(_mm_loadu_si128((const __m128i *)c), _mm_loadu_si128((const __m128i *)(c + K)));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    const float *c = (const float *)w->codes + j * K + k;
+    return pair256(_mm256_loadu_ps(c), _mm256_loadu_ps(c + K));
+}
+
+/* rows j and j + 1's block kb in a block form, as 4 pairs [row j's 8 k | row j + 1's 8 k]: `decode32`'s
+ * operations, two rows at once */
+static inline __attribute__((always_inline)) void decode32x2(const int WF, const wsrc *w, int64_t K, int64_t j,
+                                                             int64_t kb, __m512 out[4]) {
+    const int64_t b0 = j * (K / 32) + kb, b1 = b0 + K / 32;
+    const __m512 d = pair256(_mm256_broadcast_ss(w->d + b0), _mm256_broadcast_ss(w->d + b1));
+    if (WF == Q4_1) {
+        const uint8_t *c = (const uint8_t *)w->codes;
+        const __m256i v = pair128(_mm_loadu_si128((const __m128i *)(c + 16 * b0)),
+                                  _mm_loadu_si128((const __m128i *)(c + 16 * b1)));
+        const __m256i nib = _mm256_set1_epi8(15);
+        /* 64-bit quarters [q0 q1 | q2 q3] -> [q0 q2 | q1 q3]: each half of the result is one step of both rows */
+        const __m256i lo = _mm256_permute4x64_epi64(_mm256_and_si256(v, nib), 0xD8);
+        const __m256i hi = _mm256_permute4x64_epi64(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib), 0xD8);
+        const __m128i q[4] = {_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1),
+                              _mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)};
+        const __m512 m = pair256(_mm256_broadcast_ss(w->m + b0), _mm256_broadcast_ss(w->m + b1));
+        for (int s = 0; s < 4; s++)
+            out[s] = _mm512_add_ps(rounded512(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q[s])))), m);
+        return;
+    }
+    const int8_t *q0 = (const int8_t *)w->codes + 32 * b0, *q1 = (const int8_t *)w->codes + 32 * b1;
+    for (int s = 0; s < 4; s++) {
+        const __m128i q = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(q0 + 8 * s)),
+                                             _mm_loadl_epi64((const __m128i *)(q1 + 8 * s)));
+        out[s] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+    }
+}
+
+/* `tile` with P pairs of columns (2P outputs a row): y[i, j] (+ bias[j]) for i < R, j < 2P */
+static inline __attribute__((always_inline)) void tile512(const int WF, const int R, const int P, const float *x,
+                                                          int64_t ldx, const wsrc *w, int64_t K, const float *bias,
+                                                          float *y, int64_t ldy) {
+    __m512 a[4][8];
+    for (int i = 0; i < R; i++)
+        for (int p = 0; p < P; p++) a[i][p] = _mm512_setzero_ps();
+    const int64_t K8 = K & ~(int64_t)7;
+    if (WF == Q4_1 || WF == Q8_0)
+        for (int64_t kb = 0; kb < K / 32; kb++)
+            for (int p = 0; p < P; p++) {
+                __m512 wv[4];
+                fetch_ahead(WF, w, K, 2 * p, kb);
+                fetch_ahead(WF, w, K, 2 * p + 1, kb);
+                decode32x2(WF, w, K, 2 * p, kb, wv);
+                for (int s = 0; s < 4; s++)
+                    for (int i = 0; i < R; i++)
+                        a[i][p] = _mm512_fmadd_ps(_mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * ldx + 32 * kb + 8 * s)),
+                                                  wv[s], a[i][p]);
+            }
+    else
+        for (int64_t k = 0; k < K8; k += 8) {
+            __m512 wv[8];
+            for (int p = 0; p < P; p++) wv[p] = load8x2(WF, w, K, 2 * p, k);
+            for (int i = 0; i < R; i++) {
+                const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * ldx + k));
+                for (int p = 0; p < P; p++) a[i][p] = _mm512_fmadd_ps(xv, wv[p], a[i][p]);
+            }
+        }
+    for (int i = 0; i < R; i++)
+        for (int p = 0; p < P; p++)
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * p + h;
+                float r = fold8(h ? _mm512_extractf32x8_ps(a[i][p], 1) : _mm512_castps512_ps256(a[i][p]));
+                for (int64_t t = K8; t < K; t++) r = fmaf(x[i * ldx + t], load1(WF, w, K, j, t), r);
+                y[i * ldy + j] = bias ? r + bias[j] : r;
+            }
+}
+
+/* the R x 2P tile at rows m0, columns n0, its weights in w from row `first` on (PAIRS: K floats a row too) */
+#define TILE512(WF, R, P, w, first)                                                                             \
+    do {                                                                                                        \
+        const wsrc wt = at_row(WF == PAIRS ? F32 : WF, w, K, n0 - (first));                                     \
+        tile512(WF, R, P, x + m0 * K, K, &wt, K, bias ? bias + n0 : 0, y + m0 * N + n0, N);                     \
+    } while (0)
+
+#define ROWS512(WF, P, w, first)                                                                                \
+    switch (mr) {                                                                                               \
+        case 4: TILE512(WF, 4, P, w, first); break;                                                             \
+        case 3: TILE512(WF, 3, P, w, first); break;                                                             \
+        case 2: TILE512(WF, 2, P, w, first); break;                                                             \
+        default: TILE512(WF, 1, P, w, first);                                                                   \
+    }
+
+/* the tiles of one strip of nc <= 2 * WIDE_PAIRS columns from nb: whole strips in one tile of WIDE_PAIRS pairs,
+ * a short last strip pair by pair, its odd column by the ymm tile over the source form */
+#define STRIP512(WF, WIDE_PAIRS, w, first)                                                                      \
+    if (nc == 2 * (WIDE_PAIRS)) {                                                                               \
+        const int64_t n0 = nb;                                                                                  \
+        ROWS512(WF, WIDE_PAIRS, w, first)                                                                       \
+    } else                                                                                                      \
+        for (int64_t n0 = nb; n0 + 1 < nb + nc; n0 += 2) {                                                      \
+            ROWS512(WF, 1, w, first)                                                                            \
+        }
+
+#ifndef ONE_ROW_PAIRS
+#define ONE_ROW_PAIRS 3
+#endif
+#ifndef FEW_ROWS_PAIRS
+#define FEW_ROWS_PAIRS 2
+#endif
+#ifndef STRIP_PAIRS
+#define STRIP_PAIRS 3
+#endif
+/* `rowdot_part` two columns a register: strips of 2 * ONE_ROW_PAIRS columns for one row, 2 * FEW_ROWS_PAIRS for
+ * 2-4 rows, 2 * STRIP_PAIRS (decoded once into a strip for the block forms) for more */
+static inline __attribute__((always_inline)) void rowdot_part512(const int WF, const float *x, int64_t M,
+                                                                 int64_t K, const wsrc *w, int64_t N,
+                                                                 const float *bias, float *y, int part,
+                                                                 int parts) {
+    const int64_t width = 2 * (M == 1 ? ONE_ROW_PAIRS : M <= 4 ? FEW_ROWS_PAIRS : STRIP_PAIRS);
+    const int64_t blocks = (N + width - 1) / width, share = (blocks + parts - 1) / parts;
+    const int64_t first_block = part * share, last_block = first_block + share < blocks ? first_block + share : blocks;
+    const int block_form = (WF == Q4_1 || WF == Q8_0) && M > 4;  /* decode once into a strip, not per 4 rows */
+    for (int64_t b = first_block; b < last_block; b++) {
+        const int64_t nb = b * width, nc = N - nb < width ? N - nb : width, even = nc & ~(int64_t)1;
+        float strip[block_form ? 2 * STRIP_PAIRS * K : 1];  /* the strip's row pairs decoded, interleaved (PAIRS) */
+        const wsrc decoded = {strip, 0, 0};
+        if (block_form)
+            for (int64_t j = 0; j < even; j += 2) {
+                const wsrc rows = at_row(WF, w, K, nb + j);
+                for (int64_t kb = 0; kb < K / 32; kb++) {
+                    __m512 wv[4];
+                    fetch_ahead(WF, &rows, K, 0, kb);
+                    fetch_ahead(WF, &rows, K, 1, kb);
+                    decode32x2(WF, &rows, K, 0, kb, wv);
+                    for (int s = 0; s < 4; s++) _mm512_storeu_ps(strip + j * K + 64 * kb + 16 * s, wv[s]);
+                }
+            }
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            const int64_t mr = M - m0 < 4 ? M - m0 : 4;
+            if (M == 1) {
+                STRIP512(WF, ONE_ROW_PAIRS, w, 0)
+            } else if (block_form) {
+                STRIP512(PAIRS, STRIP_PAIRS, &decoded, nb)
+            } else if (M <= 4) {
+                STRIP512(WF, FEW_ROWS_PAIRS, w, 0)
+            } else {
+                STRIP512(WF, STRIP_PAIRS, w, 0)
+            }
+            if (nc & 1) {
+                const int64_t n0 = nb + nc - 1;
+                switch (mr) {
+                    case 4: TILE(WF, 4, 1, w, 0); break;
+                    case 3: TILE(WF, 3, 1, w, 0); break;
+                    case 2: TILE(WF, 2, 1, w, 0); break;
+                    default: TILE(WF, 1, 1, w, 0);
+                }
+            }
+        }
+    }
+}
+/* float32 weights in one or two rows: the pairs' loads (two rows into one register) cost more than they save,
+ * so those take the ymm tiles (bitwise the same); every other pass takes the zmm ones */
+#define ROWDOT_PART(WF, ...) ((WF) == F32 && M <= 2 ? rowdot_part(WF, __VA_ARGS__) : rowdot_part512(WF, __VA_ARGS__))
+#else
+#define ROWDOT_PART rowdot_part
+#endif
+
 #define PARALLEL(WF, src)                                                                                       \
     _Pragma("omp parallel num_threads(threads)")                                                                \
-    rowdot_part(WF, x, M, K, &src, N, bias, y, omp_get_thread_num(), omp_get_num_threads())
+    ROWDOT_PART(WF, x, M, K, &src, N, bias, y, omp_get_thread_num(), omp_get_num_threads())
 
 void specwire_rowdot_f32(const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
                          float *y, int threads) {

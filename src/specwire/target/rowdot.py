@@ -16,7 +16,10 @@ native bf16 costs about 1.5x the matrix-vector product it replaces. The kernel i
 every output as one fixed chain of fused multiply-adds (its header says which), so it needs no padding,
 and it reads each weight row once for a block of rows, so a pass of a few rows costs about one read of
 the weights. A one-token step is bound by that read, so the kernel also reads weights held exactly in
-fewer bytes (`target.compact`), rebuilding each float32 weight bitwise as it loads it. Needs: x86-64 with AVX2 and FMA, a C compiler (`$CC`, else `cc` or `gcc`), OpenMP.
+fewer bytes (`target.compact`), rebuilding each float32 weight bitwise as it loads it. Where the CPU has
+AVX-512, `isa` picks the build that holds two outputs' chains in one register: bitwise the same products,
+for half the instructions. Needs: x86-64 with AVX2 and FMA, a C compiler (`$CC`, else `cc` or `gcc`),
+OpenMP.
 """
 
 from __future__ import annotations
@@ -40,12 +43,33 @@ log = logging.getLogger("specwire")
 SOURCES = (Path(__file__).with_name("rowdot.c"), Path(__file__).with_name("rowattn.c"))  # compiled into one library
 HEADERS = (Path(__file__).with_name("rowkernels.h"),)  # included by the sources (part of their digest)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared")  # no -ffast-math: the order is the point
+# The builds, by instruction set: the same chains of operations (so bitwise the same products), the avx512
+# build holding two outputs' chains in one register (rowdot.c says how), for twice the work an instruction.
+ISA_FLAGS = {"avx2": FLAGS,
+             "avx512": FLAGS + ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-DSPECWIRE_AVX512")}
+ISA_FEATURES = {"avx2": ("avx2", "fma"), "avx512": ("avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl")}
+ISA_ENV = "SPECWIRE_ROWDOT_ISA"  # set to avx2 to build the AVX2 kernels on a CPU with AVX-512
 ABI = 4  # `specwire_rowdot_abi()` of the sources this module calls
 
 
-def source_digest() -> str:
-    """A hash of the kernels' sources and flags: what the cost curves cached under SPECWIRE_HOME were measured with."""
-    return hashlib.sha256("\0".join([*(f.read_text() for f in SOURCES + HEADERS), *FLAGS]).encode()).hexdigest()[:16]
+def isa() -> str:
+    """The build this process uses: $SPECWIRE_ROWDOT_ISA if set (avx2 or avx512), else the widest this CPU runs."""
+    from specwire.target.cpu import cpu_features
+
+    chosen = os.environ.get(ISA_ENV, "").strip().lower()
+    if chosen:
+        if chosen not in ISA_FLAGS:
+            raise SpecwireError(f"{ISA_ENV}: expected one of {', '.join(ISA_FLAGS)}, found {chosen!r}.")
+        return chosen
+    f = cpu_features()
+    return "avx512" if all(f.get(name) for name in ISA_FEATURES["avx512"]) else "avx2"
+
+
+def source_digest(build: str | None = None) -> str:
+    """A hash of the kernels' sources and the flags of a build (this process's by default): what the cost
+    curves cached under SPECWIRE_HOME were measured with."""
+    flags = ISA_FLAGS[build or isa()]
+    return hashlib.sha256("\0".join([*(f.read_text() for f in SOURCES + HEADERS), *flags]).encode()).hexdigest()[:16]
 
 
 def compiler() -> str | None:
@@ -56,22 +80,27 @@ def compiler() -> str | None:
     return None
 
 
-def _cpu_ok() -> str | None:
+def _cpu_ok(build: str) -> str | None:
     from specwire.target.cpu import cpu_features
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"it is written for x86-64 and this machine is {platform.machine()}"
     f = cpu_features()
-    missing = [name for name in ("avx2", "fma") if not f.get(name)]
-    return f"this CPU lacks {' and '.join(missing)}" if missing else None
+    missing = [name for name in ISA_FEATURES[build] if not f.get(name)]
+    return f"this CPU lacks {' and '.join(missing)} (the {build} build)" if missing else None
 
 
-@lru_cache(maxsize=1)
-def _library() -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded library, "") or (None, why not). Built once per source/flags/compiler, atomically."""
+@lru_cache(maxsize=None)
+def _library(build: str | None = None) -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library of a build, this process's by default, "") or (None, why not). Built once per
+    source/flags/compiler, atomically; the default build is resolved once per process."""
     from specwire.safeio import atomic_path, specwire_home
 
-    why = _cpu_ok()
+    try:
+        build = build or isa()
+    except SpecwireError as e:
+        return None, str(e)
+    why = _cpu_ok(build)
     if why:
         return None, why
     cc = compiler()
@@ -81,14 +110,14 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"the C compiler {cc} does not run ({e})"
-    digest = hashlib.sha256("\0".join([source_digest(), cc, *version]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256("\0".join([source_digest(build), cc, *version]).encode()).hexdigest()[:16]
     lib_path = specwire_home() / "kernels" / f"specwire-kernels-{digest}.so"
     if not lib_path.is_file():
         log.info("building the row-invariant kernels with %s (once; cached as %s)", cc, lib_path)
         try:
             with atomic_path(lib_path) as tmp:
-                done = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", str(tmp)], capture_output=True, text=True,
-                                      timeout=300)
+                done = subprocess.run([cc, *ISA_FLAGS[build], *map(str, SOURCES), "-o", str(tmp)], capture_output=True,
+                                      text=True, timeout=300)
                 if done.returncode != 0:
                     raise RuntimeError((done.stderr.strip().splitlines() or ["no message"])[-1])
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
@@ -114,9 +143,10 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     return lib, ""
 
 
-def library() -> ctypes.CDLL:
-    """The loaded library; raises a SpecwireError that says why where it cannot run here."""
-    lib, why = _library()
+def library(build: str | None = None) -> ctypes.CDLL:
+    """The loaded library (of `build`, this process's by default); raises a SpecwireError that says why where it
+    cannot run here."""
+    lib, why = _library(build)
     if lib is None:
         raise SpecwireError(f"the compiled row-invariant kernels cannot run here: {why}.")
     return lib
@@ -136,12 +166,14 @@ def require() -> None:
                             "Use --linear torch (or auto).")
 
 
-def rowdot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def rowdot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.Tensor | None = None, *,
+           build: str | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N], float32 on CPU, each row bitwise independent
     of how many rows the call holds. The weight is float32, bfloat16 (widened as it is read: bitwise the
     float32 product over weight.float(), at half the bytes) or a `compact.CompactWeight` (bitwise the
-    product over its `.float()`, at its bytes). No autograd: for inference passes only."""
-    lib = library()
+    product over its `.float()`, at its bytes). `build` names the library (`ISA_FLAGS`; default: this
+    process's). No autograd: for inference passes only."""
+    lib = library(build)
     compact = isinstance(weight, CompactWeight)
     if (x.dtype != torch.float32 or x.device.type != "cpu" or (bias is not None and bias.dtype != torch.float32)
             or not (compact or weight.dtype in (torch.float32, torch.bfloat16))):

@@ -1,0 +1,63 @@
+"""`--dtype` / `--linear auto`: the kernel a decoding target runs, from this machine's measured curves.
+
+- `--dtype auto --linear auto` takes the fastest invariant candidate of any dtype.
+- An explicit `--dtype` with `--linear auto` takes the fastest candidate *of that dtype*: a float32 kernel
+  (rowdot) that won overall is never handed to a bf16 target; with no candidate of that dtype measured on
+  this machine (bf16 on a CPU without native bf16) it is the stock linear layers.
+- A candidate whose passes were not bitwise invariant is never chosen.
+The curves are written into a real cache under this machine's key, so the choice reads them as `specwire
+bench` and `generate` do, without profiling.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specwire.decode import kernels
+from specwire.target.hardware import CacheKey, CostCurve, write_cache
+
+TOKENS = list(range(1, 18))
+
+
+def _curve(name: str, one_ms: float, invariant: bool = True) -> CostCurve:
+    return CostCurve(kernel=name, tokens=TOKENS, ms=[one_ms * (1 + 0.05 * (t - 1)) for t in TOKENS], min_rows=1,
+                     invariant=invariant)
+
+
+@pytest.fixture
+def measured(tiny_target, tmp_path, monkeypatch):
+    """A tiny target whose every candidate here has a cached curve: float32/rowdot fastest overall, then
+    bfloat16/pretransposed, bfloat16/torch, float32/pretransposed, float32/torch."""
+    monkeypatch.setenv("SPECWIRE_HOME", str(tmp_path))
+    folder = str(tiny_target("llama"))
+    speeds = {"float32/rowdot": 5.0, "bfloat16/pretransposed": 8.0, "bfloat16/torch": 9.0,
+              "float32/pretransposed": 11.0, "float32/torch": 12.0}
+    here = {k.name for k in kernels.candidate_kernels("cpu")}
+    key = CacheKey.here(kernels._fingerprint(folder), "cpu")
+    write_cache(key, tmp_path, curves={n: _curve(n, ms) for n, ms in speeds.items() if n in here})
+    return folder, here
+
+
+def test_auto_takes_the_fastest_candidate_of_any_dtype(measured):
+    folder, here = measured
+    best = kernels.resolve_kernel(folder, "auto", "auto", device="cpu")
+    expected = "float32/rowdot" if "float32/rowdot" in here else "bfloat16/pretransposed" \
+        if "bfloat16/pretransposed" in here else "float32/pretransposed"
+    assert best.name == expected
+
+
+def test_an_explicit_dtype_takes_the_fastest_linear_of_that_dtype(measured):
+    folder, here = measured
+    bf16 = kernels.resolve_kernel(folder, "bfloat16", "auto", device="cpu")
+    assert bf16.name == ("bfloat16/pretransposed" if "bfloat16/pretransposed" in here else "bfloat16/torch")
+    f32 = kernels.resolve_kernel(folder, "float32", "auto", device="cpu")
+    assert f32.name == ("float32/rowdot" if "float32/rowdot" in here else "float32/pretransposed")
+    assert kernels.resolve_kernel(folder, "bfloat16", "torch", device="cpu").name == "bfloat16/torch"  # kept as given
+
+
+def test_a_kernel_that_failed_the_bitwise_check_is_never_chosen(measured, tmp_path):
+    folder, here = measured
+    key = CacheKey.here(kernels._fingerprint(folder), "cpu")
+    write_cache(key, tmp_path, curves={n: _curve(n, 1.0, invariant=False) for n in here if n != "float32/torch"})
+    assert kernels.resolve_kernel(folder, "auto", "auto", device="cpu").name == "float32/torch"
+    assert kernels.resolve_kernel(folder, "bfloat16", "auto", device="cpu").name == "bfloat16/torch"

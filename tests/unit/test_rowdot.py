@@ -173,7 +173,8 @@ def test_the_default_build_is_the_widest_this_cpu_runs_and_can_be_named(monkeypa
 def test_every_build_this_cpu_runs_gives_bitwise_the_avx2_builds_products(form):
     """The AVX-512 build holds two outputs' chains in one register: the same operations in the same order, so
     the same bits, for every row count (its one-row, few-row and decoded-strip paths), odd column counts (the
-    leftover column takes the AVX2 tile) and widths with a tail; on a CPU without AVX-512 only avx2 runs."""
+    leftover column takes the AVX2 tile) and widths with a tail. Every build's rows are also each bitwise its
+    one-row product, so on a CPU without AVX-512 (only avx2 runs there) the paths are still checked."""
     from helpers import gguf_dequantized
     from specwire.target.compact import pack
 
@@ -185,8 +186,10 @@ def test_every_build_this_cpu_runs_gives_bitwise_the_avx2_builds_products(form):
                                                                                       forms=(form,))
         assert weight is not None and (form == "float32" or form == "bf16" or weight.form == form)
         x, b = torch.randn(17, k, generator=g), torch.randn(n, generator=g)
-        for m in range(1, 18):
-            for bias in (None, b):
+        for bias in (None, b):
+            single = torch.cat([rowdot(x[i:i + 1], weight, bias, build="avx2") for i in range(17)])
+            for m in range(1, 18):
                 ref = rowdot(x[:m], weight, bias, build="avx2")
+                assert torch.equal(ref, single[:m]), f"avx2: {n}x{k}, M={m}: a row depends on the rows beside it"
                 for build in builds:
                     assert torch.equal(rowdot(x[:m], weight, bias, build=build), ref), f"{build}: {n}x{k}, M={m}"

@@ -423,7 +423,8 @@ static inline __attribute__((always_inline)) void rowdot_part512(const int WF, c
 }
 /* float32 weights in one or two rows: the pairs' loads (two rows into one register) cost more than they save,
  * so those take the ymm tiles (bitwise the same); every other pass takes the zmm ones */
-#define ROWDOT_PART(WF, ...) ((WF) == F32 && M <= 2 ? rowdot_part(WF, __VA_ARGS__) : rowdot_part512(WF, __VA_ARGS__))
+#define ROWDOT_PART(WF, x, M, ...) \
+    ((WF) == F32 && (M) <= 2 ? rowdot_part(WF, x, M, __VA_ARGS__) : rowdot_part512(WF, x, M, __VA_ARGS__))
 #else
 #define ROWDOT_PART rowdot_part
 #endif

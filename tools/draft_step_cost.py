@@ -47,11 +47,7 @@ def in_loop_ms(draft, target, *, context: int, reps: int = 15) -> dict[int, floa
     from transformers import DynamicCache
 
     c, w0 = draft.config, draft.fc.weight
-    proposer = engine.EagleProposer(draft, capacity=context + max(CHAIN_STEPS) + 8)
-    states = torch.zeros(1, context, c.num_fused * c.target_hidden_size, device=w0.device, dtype=w0.dtype)
-    ids = torch.zeros(1, context, dtype=torch.long, device=w0.device)
-    proposer._step(draft.fuse(states), ids, proposer._rope(0, context),
-                   engine.causal_prefix_mask(context, 0, w0.device), last_only=True)
+    proposer, ids = engine.primed_proposer(draft, context, room=max(CHAIN_STEPS))
     cache = DynamicCache(config=target.model.config)
     ctx = torch.zeros(1, context, dtype=torch.long, device=target.device)
     target.model(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)

@@ -387,6 +387,18 @@ _draft_costs: "weakref.WeakKeyDictionary[Eagle3Draft, dict]" = weakref.WeakKeyDi
 _learnt_costs: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
 
 
+def primed_proposer(draft: Eagle3Draft, context: int, *, room: int) -> tuple["EagleProposer", torch.Tensor]:
+    """A proposer whose cache holds `context` positions of zero states and tokens, with room for `room` more, and
+    those tokens ([1, context]): the fixed start from which draft steps are timed."""
+    c, w0 = draft.config, draft.fc.weight
+    proposer = EagleProposer(draft, capacity=context + room + 8)
+    states = torch.zeros(1, context, c.num_fused * c.target_hidden_size, device=w0.device, dtype=w0.dtype)
+    ids = torch.zeros(1, context, dtype=torch.long, device=w0.device)
+    proposer._step(draft.fuse(states), ids, proposer._rope(0, context), causal_prefix_mask(context, 0, w0.device),
+                   last_only=True)
+    return proposer, ids
+
+
 @torch.inference_mode()
 def draft_step_ms(draft: Eagle3Draft, widths=(1, 2, 3, 4), *, context: int = 64, reps: int = 15) -> dict[int, float]:
     """Median ms of one draft step over w rows after `context` cached positions, for each w (memoized per draft,
@@ -397,11 +409,7 @@ def draft_step_ms(draft: Eagle3Draft, widths=(1, 2, 3, 4), *, context: int = 64,
         return memo[key]
     c = draft.config
     w0 = draft.fc.weight
-    proposer = EagleProposer(draft, capacity=context + max(widths) + 8)
-    states = torch.zeros(1, context, c.num_fused * c.target_hidden_size, device=w0.device, dtype=w0.dtype)
-    ids = torch.zeros(1, context, dtype=torch.long, device=w0.device)
-    proposer._step(draft.fuse(states), ids, proposer._rope(0, context), causal_prefix_mask(context, 0, w0.device),
-                   last_only=True)
+    proposer, ids = primed_proposer(draft, context, room=max(widths))
     out = {}
     for w in widths:
         h = torch.zeros(1, w, c.hidden_size, device=w0.device, dtype=w0.dtype)

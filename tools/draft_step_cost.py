@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     drafts = forms(args.draft, target)
     step: list[float] = []
     draft_ms: dict[str, dict[int, list[float]]] = {name: {w: [] for w in WIDTHS} for name in drafts}
-    served = list(drafts.values())[-1]
+    served_name, served = list(drafts.items())[-1]  # the last form: what decoding serves
     loop_ms: dict[int, list[float]] = {k: [] for k in CHAIN_STEPS}
     for _ in range(args.rounds):
         for k, ms in in_loop_ms(served, target, context=args.context).items():
@@ -126,7 +126,6 @@ def main(argv=None) -> int:
              + " | 1 row / target step |", "|---|" + "---:|" * (len(WIDTHS) + 1)]
     for name, by_w in rows.items():
         lines.append(f"| {name} | " + " | ".join(f"{by_w[w]:.2f}" for w in WIDTHS) + f" | {by_w[1] / target_ms:.3f} |")
-    served_name = list(drafts)[-1]
     lines += ["", f"In the decoding loop ({served_name}): k one-row steps right after a one-token target pass, "
               "which evicts the draft's weights from the caches; the steps above run back to back, warm.", "",
               "| draft steps per round (k) | " + " | ".join(str(k) for k in CHAIN_STEPS) + " |",

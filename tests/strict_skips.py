@@ -1,7 +1,7 @@
 """A skipped test proves nothing: under `make test` (SPECWIRE_STRICT_SKIPS=1) a skip fails the run,
 unless its reason matches the short allow-list below.
 
-Allowed: hardware this machine may lack (CUDA). Everything else that can skip (a missing optional
+Allowed: hardware this machine may lack (CUDA; AMX, which the `--linear amx` kernel needs). Everything else that can skip (a missing optional
 peer package, a missing shipped asset) is installed or built by the project's own files, so a skip
 there means the set-up is broken and the run must say so.
 """
@@ -15,6 +15,7 @@ import pytest
 
 ALLOWED_SKIP_REASONS = (
     re.compile(r"\bCUDA\b|\bGPU\b", re.I),  # tests of the CUDA path on a machine without one
+    re.compile(r"^this CPU has no AMX\b"),  # tests of the AMX kernel on a CPU without AMX-BF16 (`target.amx`)
 )
 STRICT_ENV = "SPECWIRE_STRICT_SKIPS"
 

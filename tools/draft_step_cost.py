@@ -2,9 +2,11 @@
 
 The draft runs once per drafted depth, so its step is paid k times per round: issue 16 asks for at most
 0.04 of a target step. This loads the target as decoding does (`--dtype auto --linear auto`), then the draft
-four ways: nn.Linear, rowdot reading float32 weights, rowdot reading its bf16 weights (bitwise the same
-products), and that through `decode.draft_step.ServedStep` (q|k|v and gate|up packed into one product each,
-no module calls: what `load_engine_draft` serves when the target runs rowdot; bitwise the same again), and times
+the ways it can run its products: nn.Linear, and where the target runs rowdot, rowdot reading float32
+weights, rowdot reading its bf16 weights (bitwise the same products), and that through
+`decode.draft_step.ServedStep` (q|k|v and gate|up packed into one product each, no module calls: what
+`load_engine_draft` serves when the target runs rowdot; bitwise the same again); where the target runs the
+AMX kernel (bf16), that kernel through the modules and served; elsewhere nn.Linear served. It times
 `decode.engine.draft_step_ms` (one step over w rows after --context cached positions) beside one target
 pass over 1 token after the same context. The forms are interleaved round by round, so a burst of load
 on a shared machine spreads over all of them.
@@ -85,6 +87,13 @@ def forms(draft_name: str, target) -> dict:
         modules.served = None  # the proposer runs Eagle3Draft.step
         out["rowdot, bf16 weights, through the modules"] = modules
         out["rowdot, bf16 weights, packed, lean pass (served)"] = load_engine_draft(draft_name, target)
+    elif linear_kind(target.model) == "amx":
+        modules = load_engine_draft(draft_name, target)
+        modules.served = None  # the proposer runs Eagle3Draft.step
+        out["amx, through the modules"] = modules
+        out["amx, packed, lean pass (served)"] = load_engine_draft(draft_name, target)
+    else:
+        out["nn.Linear, packed, lean pass (served)"] = load_engine_draft(draft_name, target)
     return out
 
 

@@ -75,6 +75,18 @@ def test_summarize_speedups_lossless_and_draft_metrics_from_numbers():
     assert lookup.tokens_per_forward == pytest.approx(6 / 4)
 
 
+def test_positions_no_pass_reached_are_left_out_not_zero():
+    """Under `--budget auto` a chain may never draft past depth 2: positions 2.. have no rate (reach 0), and the
+    table and plot must not show them as an acceptance of 0."""
+    runs = [_run("plain", "a", [1, 2, 3], 1.0, 3), _run("plain", "b", [4, 5], 1.0, 2),
+            _run("eagle3-chain", "a", [1, 2, 3], 1.0, 2, accept_length=1.5, num_verify_passes=2,
+                 accept_counts=[1, 1, 0, 0], reach_counts=[2, 1, 0, 0]),
+            _run("eagle3-chain", "b", [4, 5], 1.0, 2, accept_length=1.0, num_verify_passes=2,
+                 accept_counts=[0, 0, 0, 0], reach_counts=[2, 0, 0, 0])]
+    (chain,) = [r for r in summarize(runs, ["plain", "eagle3-chain"]) if r.method == "eagle3-chain"]
+    assert chain.accept_per_position == pytest.approx([0.25, 1.0])
+
+
 def test_speedups_are_none_without_the_baseline():
     runs = [_run("plain", "a", [1, 2], 1.0, 2)]
     (plain,) = summarize(runs, ["plain"])

@@ -1,5 +1,5 @@
-"""Swapped linear layers (pre-transposed, rowdot, rowdot over GGUF-like compact weights): the same maths as
-nn.Linear, and lossless decoding on a swapped target."""
+"""Swapped linear layers (pre-transposed, oneDNN-packed, rowdot, rowdot over GGUF-like compact weights): the same
+maths as nn.Linear, and lossless decoding on a swapped target. (The AMX kernel: `test_amx`.)"""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_swap_covers_every_linear_keeps_embeddings_and_logits():
         assert torch.equal(model.get_input_embeddings().weight, emb)
 
 
-@pytest.fixture(scope="module", params=["pretransposed", "rowdot", "rowdot-gguf"])
+@pytest.fixture(scope="module", params=["pretransposed", "onednn", "rowdot", "rowdot-gguf"])
 def swapped(tmp_path_factory, request):
     """(plain, swapped, scratch folder). rowdot-gguf: a target whose weights were dequantized from GGUF block
     codes, which the kernel reads in their compact forms (`target.compact`)."""
@@ -63,7 +63,7 @@ def swapped(tmp_path_factory, request):
 def test_swapped_target_keeps_its_identity_and_greedy_text(swapped):
     plain_t, fast_t, _ = swapped
     kind = linear_kind(fast_t.model)
-    assert kind in ("pretransposed", "rowdot") and linear_kind(plain_t.model) == "torch"
+    assert kind in ("pretransposed", "onednn", "rowdot") and linear_kind(plain_t.model) == "torch"
     assert is_pretransposed(fast_t.model) == (kind == "pretransposed")
     assert fast_t.spec == plain_t.spec  # same fingerprint: no weight changed
     assert fast_t.parts.lm_head is fast_t.model.lm_head
@@ -87,7 +87,7 @@ def test_speculation_on_a_swapped_target_is_lossless(swapped, tree):
 
 
 def test_unknown_linear_kind_is_refused(tmp_path):
-    with pytest.raises(SpecwireError, match="linear: expected one of torch, pretransposed, rowdot, found 'packed'"):
+    with pytest.raises(SpecwireError, match="linear: expected one of torch, pretransposed, onednn, rowdot, amx, found 'packed'"):
         load_target(make_tiny_target_dir(tmp_path), device="cpu", linear="packed")
 
 

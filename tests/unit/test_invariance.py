@@ -1,7 +1,8 @@
 """Bitwise batch invariance: every row of a chain or tree verify pass equals single-step decoding.
 
 On tiny models of every supported architecture, in fp32 and bf16, and (slow) on the built-in target,
-with nn.Linear and (fp32) the compiled rowdot kernel, with the compiled attention and its torch form,
+with nn.Linear, oneDNN's prepacked kernel (bf16), the compiled rowdot kernel (fp32) and (slow; `test_amx` for
+tiny models) the AMX kernel (bf16), with the compiled attention and its torch form,
 through `decode.invariance.pass_invariance`: random prompts, chain and random-tree passes of every size
 up to 17 (a root plus 16 draft tokens), each row compared bitwise with decoding its path one token at a
 time from the same cache. The negative control shows the check can fail: transformers' sdpa attention
@@ -15,6 +16,7 @@ import torch
 
 from helpers import ARCHS, prompt_of
 from specwire.decode.invariance import pass_invariance
+from specwire.target import amx
 from specwire.target.attention import use_invariant_attention
 from specwire.target.load import load_target
 
@@ -22,7 +24,7 @@ SIZES = (1, 2, 3, 5, 8, 16, 17)
 
 
 @pytest.mark.parametrize("dtype,linear,attention", [
-    ("float32", "torch", "auto"), ("bfloat16", "torch", "auto"), ("float32", "rowdot", "auto"),
+    ("float32", "torch", "auto"), ("bfloat16", "torch", "auto"), ("float32", "rowdot", "auto"), ("bfloat16", "onednn", "auto"),
     ("float32", "torch", "torch"), ("bfloat16", "torch", "torch")])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tiny_passes_are_bitwise_single_steps(tiny_target, arch, dtype, linear, attention):
@@ -52,8 +54,11 @@ def test_sliding_window_prefix_falls_back_without_error(tiny_target):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype,linear", [("float32", "torch"), ("bfloat16", "torch"), ("float32", "rowdot")])
+@pytest.mark.parametrize("dtype,linear", [("float32", "torch"), ("bfloat16", "torch"), ("float32", "rowdot"),
+                                          ("bfloat16", "onednn"), ("bfloat16", "amx")])
 def test_builtin_target_passes_are_bitwise_single_steps(dtype, linear):
+    if linear == "amx" and amx.cpu_lacks():
+        pytest.skip(f"this CPU has no AMX: {amx.cpu_lacks()}")
     target = load_target("smollm2-135m", device="cpu", dtype=dtype, linear=linear)
     prompts = [target.encode_chat("Write a short poem about the sea and the wind."),
                target.encode_chat("def fib(n):\n    '''Return the n-th Fibonacci number.'''\n" * 3)]

@@ -82,6 +82,28 @@ def test_threads_and_bf16():
     assert torch.equal(out, compiled_attention(qb.float(), kb.float(), vb.float(), None).bfloat16())
 
 
+@pytest.mark.parametrize("dk,dv", [(64, 64), (128, 128), (40, 40), (64, 72)])
+def test_every_build_this_cpu_runs_gives_bitwise_the_avx2_builds_attention(dk, dv):
+    """Every build of the kernels this CPU runs (the AVX-512 build compiles the attention with wider flags) gives
+    bitwise the AVX2 build's attention: odd and even visible-key counts, tree masks, head sizes with a tail
+    and value sizes that do not fill 64 lanes, from float32 and from bf16 caches (read as bf16, widened as
+    they are loaded)."""
+    from specwire.target import rowdot
+
+    builds = [b for b in rowdot.ISA_FLAGS if rowdot._cpu_ok(b) is None]
+    g = torch.Generator().manual_seed(dk + dv)
+    for tq, tk in [(1, 1), (1, 2), (1, 131), (5, 70), (17, 200)]:
+        q, k, v = _qkv(g, tq, tk, dk, dv)
+        tail = (torch.rand(tq, tq, generator=g) < 0.5).to(torch.uint8).tril()
+        tail.fill_diagonal_(1)
+        for mask in (None, tail):
+            for cast in (lambda t: t, lambda t: t.bfloat16()):
+                ref = compiled_attention(cast(q), cast(k), cast(v), mask, build="avx2")
+                for build in builds:
+                    out = compiled_attention(cast(q), cast(k), cast(v), mask, build=build)
+                    assert torch.equal(out, ref), f"{build}: tq={tq} tk={tk} dk={dk} dv={dv}"
+
+
 def test_the_model_runs_it_here(tiny_target, monkeypatch):
     """On this machine the compiled kernels build, so the invariant attention takes the compiled path."""
     import specwire.target.attention as attention

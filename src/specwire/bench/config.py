@@ -70,7 +70,7 @@ class BenchConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)  # speculation of the eagle3 methods (its `tree` is ignored: the method picks)
     device: str | None = None  # torch device (None: cuda when available, else cpu)
     dtype: str = "auto"  # weights dtype, the same for every method ("auto": the fastest batch-invariant on this machine)
-    linear: str = "auto"  # the target's linear layers ("auto", "torch", "pretransposed" or "rowdot"), shared by every method
+    linear: str = "auto"  # the target's linear layers ("auto", "torch", "pretransposed", "onednn", "rowdot" or "amx"), shared by every method
     threads: int | None = None  # torch CPU threads (None: leave torch's setting)
     warmup_tokens: int = 16  # warm-up tokens per method on the first prompt before timing (0: no warm-up)
     out_dir: str | None = None  # run folder (None: runs/bench-<prompts>-<timestamp>/); "" = write nothing

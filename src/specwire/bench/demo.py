@@ -75,7 +75,7 @@ class DemoConfig:
     out: str | None = None  # benchmark run folder (default: runs/demo-mt-bench-<timestamp>/)
     device: str | None = None  # torch device (None: cuda when available, else cpu)
     dtype: str = "auto"  # weights dtype ("auto": the fastest batch-invariant on this machine)
-    linear: str = "auto"  # the target's linear layers ("auto", "torch", "pretransposed" or "rowdot")
+    linear: str = "auto"  # the target's linear layers ("auto", "torch", "pretransposed", "onednn", "rowdot" or "amx")
     threads: int | None = None  # torch CPU threads (None: leave torch's setting)
 
     def __post_init__(self):

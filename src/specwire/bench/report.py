@@ -134,7 +134,7 @@ def render_markdown(report: BenchReport) -> str:
     pos = render_positions(report)
     if pos:
         lines += ["Acceptance per draft position k: among verify passes that reached k (positions before it all "
-                  "accepted), the fraction that accepted a draft token at k.", "", pos, ""]
+                  "accepted), the fraction that accepted a draft token at k ('–': no pass drafted that deep).", "", pos, ""]
     budgets = render_budgets(report)
     if budgets:
         lines += [f"Speculation budget ({c.spec.budget}): verify rounds run with each choice ('none': plain steps).", "",

@@ -71,6 +71,10 @@ def machine_info(device: torch.device, dtype: torch.dtype, model: torch.nn.Modul
         from specwire.target.rowdot import source_digest
 
         info["kernels"] = source_digest()
+        if info.get("linear") == "amx":  # and the AMX kernel's build, where the linear layers ran it
+            from specwire.target import amx
+
+            info["kernels"] += f"+{amx.source_digest()}"
     if info.get("linear") == "rowdot":  # and what they read a pass (compact forms: fewer bytes)
         from specwire.target.fastlinear import weight_bytes
 

@@ -60,7 +60,8 @@ def summarize_method(method: str, runs: Sequence[PromptRun], reference: dict[str
         if all("accept_counts" in r.extra and "reach_counts" in r.extra for r in runs):
             # exact: accepted / reached, summed over requests
             acc, reach = _sum_rows([r.extra["accept_counts"] for r in runs]), _sum_rows([r.extra["reach_counts"] for r in runs])
-            per_pos = [a / n if n > 0 else 0.0 for a, n in zip(acc, reach)]
+            # positions no pass reached (deeper than any budget drafted) have no rate: left out, not shown as 0
+            per_pos = [a / n for a, n in zip(acc, reach) if n > 0]
         else:
             rows = [r.extra.get("accept_per_position") or [] for r in runs]
             per_pos = weighted_positions(rows, passes if sum(passes) > 0 else [1.0] * len(rows))

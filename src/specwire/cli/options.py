@@ -157,10 +157,12 @@ def add_model_options(p: argparse.ArgumentParser, *, target: bool = True, draft:
                        help="weights dtype (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     if linear:
-        p.add_argument("--linear", default="auto", choices=["auto", "torch", "pretransposed", "rowdot"],
+        p.add_argument("--linear", default="auto", choices=["auto", "torch", "pretransposed", "onednn", "rowdot", "amx"],
                        help="the target's linear layers on CPU: 'torch' keeps nn.Linear; 'pretransposed' stores W.T "
-                            "contiguously; 'rowdot' (float32, x86-64 with AVX2, built with the C compiler on first "
-                            "use) computes every row in one fixed order, so it needs no row padding; 'auto' "
+                            "contiguously; 'onednn' hands oneDNN weights reordered once into its own layout (CPU; the fast bf16 "
+                            "kernel where the CPU has AMX); 'rowdot' (float32, x86-64 with AVX2, built with the C compiler on first "
+                            "use) computes every row in one fixed order, so it needs no row padding; 'amx' (bf16, a CPU "
+                            "with AMX) does so on AMX tiles, a pass of up to 16 tokens costing about one; 'auto' "
                             "(default) picks with --dtype auto's measurement (every method of a bench run shares "
                             "the same target)")
 

@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 
 from specwire.target.capture import capture_hooks
-from specwire.target.fastlinear import linear_kind, rowdot_linears
+from specwire.target.fastlinear import amx_linears, linear_kind, rowdot_linears
 from specwire.target.hardware import synchronize
 from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import AttendFn, Eagle3Draft
@@ -164,6 +164,8 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
         # native bf16 its one-row product is the faster (speed only: a draft needs no invariance); a draft stored
         # in bf16 is read as bf16, exactly the same products at half the bytes
         rowdot_linears(draft, forms=("bf16",))
+    elif linear_kind(target.model) == "amx":  # a bf16 target on AMX: the draft's one-row products read its bf16
+        amx_linears(draft)  # weights at the memory rate, as the target's do (speed only)
     draft.served = ServedStep.build(draft)  # the decoding pass: packed products, fewer ops (`decode.draft_step`)
     return draft
 

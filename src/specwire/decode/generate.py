@@ -36,7 +36,7 @@ class GenerateConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)  # speculation, with a draft
     device: str | None = None  # torch device (None: cuda when available, else cpu)
     dtype: str = "auto"  # weights dtype ("auto": the fastest batch-invariant on this machine)
-    linear: str = "auto"  # the target's linear layers ("auto", "torch", "pretransposed" or "rowdot")
+    linear: str = "auto"  # the target's linear layers ("auto", "torch", "pretransposed", "onednn", "rowdot" or "amx")
 
     def __post_init__(self):
         if not isinstance(self.prompt, str):

@@ -194,22 +194,28 @@ def _compiled_plan(mask, q_len: int, k_len: int) -> tuple[bool, torch.Tensor | N
     return plan
 
 
-def compiled_attention(query, key, value, tail: torch.Tensor | None, scaling=None) -> torch.Tensor:
+def compiled_attention(query, key, value, tail: torch.Tensor | None, scaling=None, *, build: str | None = None) -> torch.Tensor:
     """query [1, H, Tq, dk], key [1, Hkv, Tk, dk], value [1, Hkv, Tk, dv] -> [1, Tq, H, dv] in query's dtype.
 
-    `rowattn.c`, in fp32: row i sees the cached prefix (keys 0..Tk-Tq-1) and this pass's keys j where
+    `rowattn.c`, in fp32 (a bf16 cache widened exactly as it is read): row i sees the cached prefix (keys 0..Tk-Tq-1) and this pass's keys j where
     tail[i, j] (uint8 [Tq, Tq]; None: j <= i). Each (row, head) is one fixed chain over its visible keys in
-    order, computed whole by one thread, so it is bitwise what a one-token step would compute."""
+    order, computed whole by one thread, so it is bitwise what a one-token step would compute. `build` names the
+    kernels' build (`rowdot.ISA_FLAGS`; default: this process's): every build gives bitwise the same results."""
     from specwire.target.rowdot import library
 
     _, H, Tq, dk = query.shape
     Hkv, Tk, dv = key.shape[1], key.shape[2], value.shape[-1]
-    q, k, v = (t[0].float() for t in (query, key, value))  # shapes: [H, Tq, dk], [Hkv, Tk, dk], [Hkv, Tk, dv]
+    # a bf16 cache is read as it is (the kernel widens each number exactly as it loads it): no float32 copy of
+    # the whole cache every pass
+    bf16 = key.dtype == value.dtype == torch.bfloat16
+    q = query[0].float()  # shape: [H, Tq, dk]
+    k, v = (t[0] if bf16 else t[0].float() for t in (key, value))  # shapes: [Hkv, Tk, dk], [Hkv, Tk, dv]
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     scale = scaling if scaling is not None else 1.0 / math.sqrt(dk)
     out = torch.empty(Tq, H, dv, dtype=torch.float32)
     work = torch.empty(Tq * H, Tk, dtype=torch.float32)  # each (row, head)'s scores
-    library().specwire_rowattn_f32(q.data_ptr(), Tq, H, dk, q.stride(1), q.stride(0), k.data_ptr(), Hkv, k.stride(0),
+    lib = library(build)
+    (lib.specwire_rowattn_bf16kv if bf16 else lib.specwire_rowattn_f32)(q.data_ptr(), Tq, H, dk, q.stride(1), q.stride(0), k.data_ptr(), Hkv, k.stride(0),
                                    k.stride(1), v.data_ptr(), dv, v.stride(0), v.stride(1), Tk - Tq,
                                    None if tail is None else tail.data_ptr(), scale, work.data_ptr(), out.data_ptr(),
                                    torch.get_num_threads())

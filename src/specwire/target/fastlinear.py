@@ -1,7 +1,9 @@
-"""Pre-transposed linear layers: cheaper multi-token passes of the target on CPU.
+"""Linear layers for cheaper multi-token passes of the target on CPU: pre-transposed, oneDNN, rowdot, AMX.
 
-Scope: the `PretransposedLinear`, `RowDotLinear` and `RowPaddedLinear` modules, and `pretranspose_linears`
-/ `rowdot_linears` / `pad_linear_rows`, which swap a model's `nn.Linear` layers for them in place,
+Scope: the `PretransposedLinear`, `OneDNNLinear`, `RowDotLinear`, `AmxLinear` and `RowPaddedLinear` modules,
+and `pretranspose_linears` / `onednn_linears` /
+`rowdot_linears` / `amx_linears` / `pad_linear_rows`, which swap a model's
+`nn.Linear` layers for them in place,
 `concat_linears`, which packs products that read the same input into one, and `linear_kind`, which names
 what a model runs. Does not own model loading
 (`target.load`), the invariance check (`target.invariance`) or timing (`tools/verify_cost.py`).
@@ -24,6 +26,21 @@ step keeps the cost of a matrix-vector product. That step is bound by reading th
 whose float32 weight is held exactly in fewer bytes (`target.compact`: bf16 numbers, or GGUF block codes
 as in the built-in target) has the kernel read that form: same products bitwise, fewer bytes.
 
+oneDNN (`--linear onednn`, bf16 on a CPU whose torch has oneDNN): nn.Linear's maths through oneDNN with
+the weight reordered once, at load, into the library's own blocked layout. `F.linear` hands oneDNN a plain
+[out, in] weight, which it reorders on every call: in bf16 that reorder reads and writes the weights once
+more, so a one-token step ran at half the memory rate of fp32. Prepacked, a bf16 pass through every linear
+layer of the built-in target costs about 16 ms for 1 to 16 rows on a 2-core AMX CPU, against 23 ms for
+`F.linear` (docs/BENCHMARKS.md). oneDNN picks its kernel by the row count like any BLAS, so its rows are
+invariant only within a range of row counts; the row padding below is measured for it as for nn.Linear.
+
+AMX (`--linear amx`, bf16 on a CPU with AMX-BF16): nn.Linear's maths through the compiled kernel of
+`target.amx`, which reads the model's bf16 weights as they are and computes every output with one fixed
+chain of AMX dot products, so its rows are invariant by construction (no padding) and a pass of up to 16
+tokens costs little more than one (a one-token step at the machine's memory rate: on a 2-core AMX Xeon
+every linear layer of the built-in target took 12.4 ms at one row and 16.7 ms at 16, against oneDNN's
+16.8 and 25).
+
 Row padding: a CPU GEMM library picks its kernel by the number of rows, and works through the rows in
 blocks. A one-row product (a matrix-vector kernel), or the leftover rows after the last whole block,
 can be summed in another order than a whole block. Then a one-token decoding step and a T-token verify
@@ -41,6 +58,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from specwire.errors import SpecwireError
 from specwire.target.attention import MAX_INVARIANT_QUERIES
 from specwire.target.compact import pack
 from specwire.target.rowdot import rowdot
@@ -65,6 +83,10 @@ def product_key(m: nn.Module) -> str | None:
         return f"t:{m.in_features}x{m.out_features}"
     if isinstance(m, RowDotLinear):
         return f"rowdot:{m.out_features}x{m.in_features}"
+    if isinstance(m, AmxLinear):
+        return f"amx:{m.out_features}x{m.in_features}"
+    if isinstance(m, OneDNNLinear):
+        return f"onednn:{m.out_features}x{m.in_features}"
     if isinstance(m, (nn.Linear, RowPaddedLinear)):
         return f"linear:{m.out_features}x{m.in_features}"
     if isinstance(m, (Conv1D, RowPaddedConv1D)):
@@ -202,6 +224,46 @@ class PretransposedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def onednn_available() -> tuple[bool, str]:
+    """(True, "") if this torch can prepack linear weights for oneDNN, else (False, why not)."""
+    if not torch.backends.mkldnn.is_available():
+        return False, "this torch build has no oneDNN (mkldnn)"
+    ops = torch.ops.mkldnn
+    if not (hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")):
+        return False, f"torch {torch.__version__} has no prepacked oneDNN linear"
+    return True, ""
+
+
+class OneDNNLinear(nn.Module):
+    """nn.Linear's maths through oneDNN, its weight reordered once into oneDNN's blocked layout (CPU only).
+
+    The weight and bias Parameters are shared, not copied (tied weights stay tied, the fingerprint reads
+    them); the packed copy is what the products read. With autograd on, or with `stock` set (the
+    `invariance.stock_kernels` baseline), it runs F.linear instead."""
+
+    min_rows = 1
+    stock = False
+    BATCH_HINT = 16  # the row count oneDNN packs for: a verify pass's size
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), self.BATCH_HINT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
+        if self.stock or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+            return F.linear(x, self.weight, self.bias)
+        return padded_rows(x, self.min_rows, self._mm)
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.detach()
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
 class RowDotLinear(nn.Module):
     """nn.Linear's maths (same weight and bias Parameters, shared not copied) through `target.rowdot`: float32
     rows that are bitwise independent of the rows beside them. With autograd on, or with `stock` set (the
@@ -232,12 +294,55 @@ class RowDotLinear(nn.Module):
                f"weights={form}"
 
 
+class AmxLinear(nn.Module):
+    """nn.Linear's maths (same weight and bias Parameters, shared not copied) through `target.amx`: bf16 rows
+    that are bitwise independent of the rows beside them. A weight whose shape is not a multiple of the
+    kernel's tiles is read from a zero-padded copy (zeros add exact zeros). With autograd on, with `stock`
+    set, or for products of more rows than a pass within the invariance contract holds (prefills, which
+    plain and speculative decoding share), it runs F.linear instead, as `RowDotLinear` does."""
+
+    stock = False
+
+    def __init__(self, linear: nn.Linear):
+        from specwire.target.amx import BLOCK_K, BLOCK_N, library
+
+        super().__init__()
+        if linear.weight.dtype != torch.bfloat16 or linear.weight.device.type != "cpu":
+            raise SpecwireError(f"AmxLinear: expected a bf16 weight on CPU, found {linear.weight.dtype} on "
+                                f"{linear.weight.device}.")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self._fn = library().specwire_amxdot_bf16
+        pad_n, pad_k = -self.out_features % BLOCK_N, -self.in_features % BLOCK_K
+        self.pad_k = pad_k
+        # what the kernel reads: the shared weight itself, or a zero-padded copy (not refreshed if the weight changes)
+        self.padded = None
+        if pad_n or pad_k or not linear.weight.is_contiguous():
+            self.padded = F.pad(linear.weight.detach(), (0, pad_k, 0, pad_n)).contiguous()  # shape: [N16, K32]
+        self.padded_bias = None if linear.bias is None else F.pad(linear.bias.detach(), (0, pad_n)).contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
+        from specwire.target.amx import product
+
+        if (self.stock or x.numel() > MAX_INVARIANT_QUERIES * x.shape[-1] or x.dtype != torch.bfloat16
+                or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
+            return F.linear(x, self.weight, self.bias)
+        if self.padded is None:
+            return product(self._fn, x, self.weight, self.padded_bias)
+        y = product(self._fn, F.pad(x, (0, self.pad_k)) if self.pad_k else x, self.padded, self.padded_bias)
+        return y[..., :self.out_features]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
 def concat_linears(linears: list[nn.Module]) -> nn.Module | None:
     """One product for several that read the same input: their weights (and biases) stacked by output rows,
-    as a module of their kind (nn.Linear, or RowDotLinear, packed in their compact forms where they all are); None for
-    another kind, a mix of kinds or of biased and unbiased layers. The weights are copies, without grad."""
+    as a module of their kind (nn.Linear, AmxLinear, or RowDotLinear, packed in their compact forms where they all
+    are); None for another kind, a mix of kinds or of biased and unbiased layers. The weights are copies, without
+    grad."""
     kinds = {type(m) for m in linears}
-    if len(kinds) != 1 or next(iter(kinds)) not in (nn.Linear, RowDotLinear):
+    if len(kinds) != 1 or next(iter(kinds)) not in (nn.Linear, RowDotLinear, AmxLinear):
         return None
     biased = {m.bias is not None for m in linears}
     if len(biased) != 1:
@@ -251,7 +356,7 @@ def concat_linears(linears: list[nn.Module]) -> nn.Module | None:
     if isinstance(linears[0], RowDotLinear):
         packed = all(m.compact is not None for m in linears)
         return RowDotLinear(linear, forms=linears[0].forms if packed else ())
-    return linear
+    return AmxLinear(linear) if isinstance(linears[0], AmxLinear) else linear
 
 
 def _swap_linears(model: nn.Module, make, skip: tuple[str, ...] = ()) -> int:
@@ -274,6 +379,18 @@ def rowdot_linears(model: nn.Module, *, forms: tuple[str, ...] = ()) -> int:
     return _swap_linears(model, lambda linear: RowDotLinear(linear, forms=forms))
 
 
+def amx_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear under `model` by an `AmxLinear` (sharing its Parameters, so tied weights stay
+    tied); returns how many. The caller checks `target.amx.available()` first."""
+    return _swap_linears(model, AmxLinear)
+
+
+def onednn_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear under `model` by a `OneDNNLinear` (sharing its Parameters); returns how many.
+    The caller checks `onednn_available()` first."""
+    return _swap_linears(model, OneDNNLinear)
+
+
 def weight_bytes(model: nn.Module) -> tuple[int, int]:
     """(bytes the rowdot kernel reads per pass over the model's RowDotLinear weights, bytes in float32)."""
     layers = [m for m in model.modules() if isinstance(m, RowDotLinear)]
@@ -282,9 +399,13 @@ def weight_bytes(model: nn.Module) -> tuple[int, int]:
 
 
 def linear_kind(model: nn.Module) -> str:
-    """What the model's linear layers run: "rowdot", "pretransposed" or "torch" (`target.load.LINEAR_KINDS`)."""
+    """What the model's linear layers run: "rowdot", "amx", "onednn", "pretransposed" or "torch"
+    (`target.load.LINEAR_KINDS`)."""
     kinds = {type(m) for m in model.modules()}
-    return "rowdot" if RowDotLinear in kinds else "pretransposed" if PretransposedLinear in kinds else "torch"
+    for kind, cls in (("rowdot", RowDotLinear), ("amx", AmxLinear), ("onednn", OneDNNLinear), ("pretransposed", PretransposedLinear)):
+        if cls in kinds:
+            return kind
+    return "torch"
 
 
 def pretranspose_linears(model: nn.Module, *, skip: tuple[str, ...] = ()) -> int:
@@ -307,7 +428,8 @@ def pad_linear_rows(model: nn.Module, min_rows: int | Mapping[str, int]) -> int:
     largest). nn.Linear layers become `RowPaddedLinear` and GPT-2's Conv1D `RowPaddedConv1D` (sharing their
     Parameters, so tied weights stay tied); mixture-of-experts routers are wrapped in `RowPaddedRouter`, and
     experts modules run `padded_experts_forward` (registered with transformers' ExpertsInterface);
-    `PretransposedLinear` layers get the attribute; `RowDotLinear` layers need none and are left alone. A
+    `PretransposedLinear` and `OneDNNLinear` layers get the attribute; `RowDotLinear` and `AmxLinear` layers
+    need none and are left alone. A
     count of 1 swaps nothing new.
     """
     from transformers.pytorch_utils import Conv1D
@@ -319,10 +441,10 @@ def pad_linear_rows(model: nn.Module, min_rows: int | Mapping[str, int]) -> int:
 
     n, experts = 0, False
     for name, m in list(model.named_modules()):
-        if isinstance(m, RowDotLinear):  # row-invariant by construction: padding would only cost
+        if isinstance(m, (RowDotLinear, AmxLinear)):  # row-invariant by construction: padding would only cost
             continue
         r = rows_for(m)
-        if isinstance(m, (PretransposedLinear, RowPadded)):
+        if isinstance(m, (PretransposedLinear, OneDNNLinear, RowPadded)):
             m.min_rows = r
             n += 1
             continue
@@ -355,4 +477,4 @@ def _wrapped(model: nn.Module):
 def linear_min_rows(model: nn.Module) -> int:
     """The row padding the model's row-wise products run with (1 = none)."""
     return max((getattr(m, "min_rows", 1) for m in model.modules()
-                if isinstance(m, (PretransposedLinear, RowPadded)) or _pads_experts(m)), default=1)
+                if isinstance(m, (PretransposedLinear, OneDNNLinear, RowPadded)) or _pads_experts(m)), default=1)

@@ -61,7 +61,7 @@ class KernelChoice:
     """How the target computes: its weights' dtype and its linear layers (`target.load.LINEAR_KINDS`)."""
 
     dtype: str  # "float32" | "bfloat16"
-    linear: str = "torch"  # "torch" | "pretransposed" | "rowdot"
+    linear: str = "torch"  # "torch" | "pretransposed" | "onednn" | "rowdot" | "amx"
 
     @property
     def name(self) -> str:
@@ -110,16 +110,17 @@ class CacheKey:
     torch: str
     device: str
     target: str  # target fingerprint
-    kernels: str = ""  # `rowdot.source_digest()`: a changed compiled kernel makes every cached curve stale
+    kernels: str = ""  # `rowdot.source_digest()` + `amx.source_digest()`: a changed compiled kernel makes every cached curve stale
     format: int = CACHE_FORMAT
     extra: dict = field(default_factory=dict)
 
     @classmethod
     def here(cls, target_fingerprint: str, device: str = "cpu") -> "CacheKey":
-        from specwire.target.rowdot import source_digest
+        from specwire.target import amx, rowdot
 
-        return cls(cpu=cpu_model(), features=cpu_features(), threads=torch.get_num_threads(),
-                   torch=torch.__version__, device=str(device), target=target_fingerprint, kernels=source_digest())
+        return cls(cpu=cpu_model(), features=cpu_features(), threads=torch.get_num_threads(), torch=torch.__version__,
+                   device=str(device), target=target_fingerprint,
+                   kernels=f"{rowdot.source_digest()}+{amx.source_digest()}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -97,14 +97,15 @@ def _rows_invariant(fn, x: torch.Tensor, r: int, padded_rows) -> bool:
 
 @contextmanager
 def stock_kernels(model: nn.Module):
-    """For the duration: transformers' sdpa attention, no linear row padding and F.linear for rowdot layers (the
-    `hf-generate` baseline, which should be what a user of transformers gets). Restored on exit."""
+    """For the duration: transformers' sdpa attention, no linear row padding and F.linear for every swapped
+    kernel's layers (rowdot, AMX, oneDNN-packed) (the `hf-generate` baseline, which should be what a user of
+    transformers gets). Restored on exit."""
     impl = getattr(model.config, "_attn_implementation", None)
-    from specwire.target.fastlinear import RowDotLinear, _pads_experts
+    from specwire.target.fastlinear import AmxLinear, OneDNNLinear, RowDotLinear, _pads_experts
 
     padded = [(m, getattr(m, "min_rows", 1)) for m in model.modules()
               if isinstance(m, (RowPadded, PretransposedLinear)) or _pads_experts(m)]
-    rowdot = [m for m in model.modules() if isinstance(m, RowDotLinear)]
+    rowdot = [m for m in model.modules() if isinstance(m, (RowDotLinear, AmxLinear, OneDNNLinear))]
     try:
         if impl != "sdpa":
             model.set_attn_implementation("sdpa")

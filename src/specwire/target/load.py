@@ -306,7 +306,7 @@ class Target:
         return self.tokenizer(text)["input_ids"]
 
 
-LINEAR_KINDS = ("torch", "pretransposed", "rowdot")  # how a target's linear layers compute (see `fastlinear`)
+LINEAR_KINDS = ("torch", "pretransposed", "onednn", "rowdot", "amx")  # how a target's linear layers compute (see `fastlinear`)
 ATTENTION_KINDS = ("invariant", "sdpa")  # batch-invariant (`attention`, the default) or torch's sdpa
 
 
@@ -322,7 +322,9 @@ def load_target(
     """Load a target offline; refuses non-causal models and unreadable weights with a clear error.
 
     linear="pretransposed" swaps the nn.Linear layers for `fastlinear.PretransposedLinear` on CPU (cheaper
-    multi-token passes; see that module); linear="rowdot" for `fastlinear.RowDotLinear` (float32 on an x86-64
+    multi-token passes; see that module); linear="onednn" for `fastlinear.OneDNNLinear` (oneDNN with weights
+    packed once); linear="amx" for `fastlinear.AmxLinear` (bf16 on a CPU with AMX: row-invariant by
+    construction, refused with the reason where it cannot run); linear="rowdot" for `fastlinear.RowDotLinear` (float32 on an x86-64
     CPU with AVX2: row-invariant by construction, refused with the reason where it cannot run). Neither changes
     a weight, so the fingerprint is the same.
     attention="invariant" (the default) makes a T-token pass give each row bitwise the logits of a one-token
@@ -350,6 +352,20 @@ def load_target(
             raise SpecwireError(f"--linear rowdot is a float32 CPU kernel; found dtype {str(dtype).replace('torch.', '')} "
                                 f"on {device.type}. Use --linear torch (or auto) there.")
         require()
+    if linear == "amx":
+        from specwire.target.amx import require as require_amx
+
+        if device.type != "cpu" or dtype != torch.bfloat16:
+            raise SpecwireError(f"--linear amx is a bf16 CPU kernel; found dtype {str(dtype).replace('torch.', '')} "
+                                f"on {device.type}. Use --dtype bfloat16 with it, or --linear torch (or auto).")
+        require_amx()
+    if linear == "onednn":
+        from specwire.target.fastlinear import onednn_available
+
+        ok, why = onednn_available()
+        if device.type != "cpu" or not ok:
+            raise SpecwireError(f"--linear onednn is a CPU kernel of oneDNN; {why or f'found device {device.type}'}. "
+                                "Use --linear torch (or auto) there.")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -365,6 +381,14 @@ def load_target(
         from specwire.target.fastlinear import pretranspose_linears
 
         pretranspose_linears(model)
+    if linear == "onednn":
+        from specwire.target.fastlinear import onednn_linears
+
+        onednn_linears(model)
+    if linear == "amx":
+        from specwire.target.fastlinear import amx_linears
+
+        amx_linears(model)
     if linear == "rowdot":
         from specwire.target.compact import FORMS
         from specwire.target.fastlinear import rowdot_linears, weight_bytes

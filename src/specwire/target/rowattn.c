@@ -16,8 +16,10 @@
  *   4. each output lane d: sum over ranks in order of e * v[key][d], one fused multiply-add each;
  *   5. each output lane divided by the denominator.
  * So a tree node's row is bitwise the row that a one-token step on its accepted path computes, and the
- * first token of a verify pass is bitwise plain decoding's. Compiled with -O3 -mavx2 -mfma -fopenmp, and
- * without -ffast-math: the order is the point.
+ * first token of a verify pass is bitwise plain decoding's. Keys and values may be given in bf16 (a bf16
+ * model's cache): each is widened to float32 as it is loaded, which is exact, so the result is bitwise the
+ * float32 one over the widened cache, without a widened copy of the cache every pass. Compiled with -O3
+ * -mavx2 -mfma -fopenmp, and without -ffast-math: the order is the point.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -31,12 +33,29 @@ static inline int sees(int64_t j, int64_t i, int64_t past, int64_t Tq, const uin
     return j < past || (tail ? tail[i * Tq + (j - past)] : j - past <= i);
 }
 
-static inline float dot(const float *a, const float *b, int64_t n) {
+/* 8 (or 1) cache numbers at element e of b as float32: b is float32, or bf16 (BF) widened exactly. */
+static inline __attribute__((always_inline)) __m256 kv8(const int BF, const void *b, int64_t e) {
+    if (BF) return _mm256_castsi256_ps(_mm256_slli_epi32(
+                      _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)b + e))), 16));
+    return _mm256_loadu_ps((const float *)b + e);
+}
+
+static inline __attribute__((always_inline)) float kv1(const int BF, const void *b, int64_t e) {
+    if (BF) {
+        const uint32_t u = (uint32_t)((const uint16_t *)b)[e] << 16;
+        float f;
+        __builtin_memcpy(&f, &u, 4);
+        return f;
+    }
+    return ((const float *)b)[e];
+}
+
+static inline __attribute__((always_inline)) float dot(const int BF, const float *a, const void *b, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     const int64_t n8 = n & ~(int64_t)7;
-    for (int64_t d = 0; d < n8; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+    for (int64_t d = 0; d < n8; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), kv8(BF, b, d), acc);
     float r = fold8(acc);
-    for (int64_t d = n8; d < n; d++) r = fmaf(a[d], b[d], r);
+    for (int64_t d = n8; d < n; d++) r = fmaf(a[d], kv1(BF, b, d), r);
     return r;
 }
 
@@ -67,23 +86,23 @@ static inline __m256 tail_mask(int64_t k) {
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)k), lane));
 }
 
-/* q: [Tq, H, dk] at strides (qs_t, qs_h), k: [Hkv, Tk, dk] at (ks_h, ks_t), v: [Hkv, Tk, dv] at (vs_h, vs_t),
- * innermost dimensions contiguous. Row i sees keys 0..past-1, then past + j for j < Tq where tail[i * Tq + j]
- * (tail NULL: j <= i, causal). work: [Tq * H, past + Tq] floats. out: [Tq, H, dv], contiguous. */
-void specwire_rowattn_f32(const float *q, int64_t Tq, int64_t H, int64_t dk, int64_t qs_t, int64_t qs_h,
-                          const float *k, int64_t Hkv, int64_t ks_h, int64_t ks_t, const float *v, int64_t dv,
-                          int64_t vs_h, int64_t vs_t, int64_t past, const uint8_t *tail, float scale, float *work,
-                          float *out, int threads) {
+/* One (row, head) pair p of the pass (see the entry points below for the arguments); k and v in float32, or
+ * in bf16 (BF), their strides in elements. */
+static inline __attribute__((always_inline)) void rowattn_pair(
+        const int BF, int64_t p, const float *q, int64_t Tq, int64_t H, int64_t dk, int64_t qs_t, int64_t qs_h,
+        const void *k, int64_t Hkv, int64_t ks_h, int64_t ks_t, const void *v, int64_t dv, int64_t vs_h, int64_t vs_t,
+        int64_t past, const uint8_t *tail, float scale, float *work, float *out) {
     const int64_t g = H / Hkv, width = past + Tq;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t p = 0; p < Tq * H; p++) {
+    {
         const int64_t i = p / H, h = p % H, kh = h / g;
         const float *qi = q + i * qs_t + h * qs_h;
-        const float *kb = k + kh * ks_h, *vb = v + kh * vs_h;
+        const int64_t kb = kh * ks_h, vb = kh * vs_h;  /* element offsets of the head's keys and values */
         float *s = work + p * width;
         int64_t n = 0;
         for (int64_t j = 0; j < width; j++)
-            if (sees(j, i, past, Tq, tail)) s[n++] = dot(qi, kb + j * ks_t, dk);
+            if (sees(j, i, past, Tq, tail))
+                s[n++] = dot(BF, qi, BF ? (const void *)((const uint16_t *)k + kb + j * ks_t)
+                                        : (const void *)((const float *)k + kb + j * ks_t), dk);
         float m = -INFINITY;
         for (int64_t j = 0; j < n; j++) {
             s[j] *= scale;
@@ -120,11 +139,11 @@ void specwire_rowattn_f32(const float *q, int64_t Tq, int64_t H, int64_t dk, int
             for (int64_t j = 0; j < width; j++) {
                 if (!sees(j, i, past, Tq, tail)) continue;
                 const __m256 ev = _mm256_set1_ps(s[r++]);
-                const float *vj = vb + j * vs_t + d0;
+                const int64_t vj = vb + j * vs_t + d0;
                 if (nv == 8)
-                    for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+                    for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(ev, kv8(BF, v, vj + 8 * c), acc[c]);
                 else
-                    for (int c = 0; c < nv; c++) acc[c] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+                    for (int c = 0; c < nv; c++) acc[c] = _mm256_fmadd_ps(ev, kv8(BF, v, vj + 8 * c), acc[c]);
             }
             for (int c = 0; c < nv; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
         }
@@ -133,10 +152,32 @@ void specwire_rowattn_f32(const float *q, int64_t Tq, int64_t H, int64_t dk, int
             int64_t r = 0;
             for (int64_t j = 0; j < width; j++) {
                 if (!sees(j, i, past, Tq, tail)) continue;
-                a = fmaf(s[r++], vb[j * vs_t + d], a);
+                a = fmaf(s[r++], kv1(BF, v, vb + j * vs_t + d), a);
             }
             o[d] = a;
         }
         for (int64_t d = 0; d < dv; d++) o[d] = o[d] / den;  /* (the same division whatever the lane) */
     }
+}
+
+/* q: [Tq, H, dk] at strides (qs_t, qs_h), k: [Hkv, Tk, dk] at (ks_h, ks_t), v: [Hkv, Tk, dv] at (vs_h, vs_t),
+ * innermost dimensions contiguous. Row i sees keys 0..past-1, then past + j for j < Tq where tail[i * Tq + j]
+ * (tail NULL: j <= i, causal). work: [Tq * H, past + Tq] floats. out: [Tq, H, dv], contiguous. */
+void specwire_rowattn_f32(const float *q, int64_t Tq, int64_t H, int64_t dk, int64_t qs_t, int64_t qs_h,
+                          const float *k, int64_t Hkv, int64_t ks_h, int64_t ks_t, const float *v, int64_t dv,
+                          int64_t vs_h, int64_t vs_t, int64_t past, const uint8_t *tail, float scale, float *work,
+                          float *out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t p = 0; p < Tq * H; p++)
+        rowattn_pair(0, p, q, Tq, H, dk, qs_t, qs_h, k, Hkv, ks_h, ks_t, v, dv, vs_h, vs_t, past, tail, scale, work, out);
+}
+
+/* The same with k and v in bf16 (strides in elements): bitwise the float32 result over the widened cache. */
+void specwire_rowattn_bf16kv(const float *q, int64_t Tq, int64_t H, int64_t dk, int64_t qs_t, int64_t qs_h,
+                             const uint16_t *k, int64_t Hkv, int64_t ks_h, int64_t ks_t, const uint16_t *v, int64_t dv,
+                             int64_t vs_h, int64_t vs_t, int64_t past, const uint8_t *tail, float scale, float *work,
+                             float *out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t p = 0; p < Tq * H; p++)
+        rowattn_pair(1, p, q, Tq, H, dk, qs_t, qs_h, k, Hkv, ks_h, ks_t, v, dv, vs_h, vs_t, past, tail, scale, work, out);
 }

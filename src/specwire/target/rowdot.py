@@ -49,7 +49,7 @@ ISA_FLAGS = {"avx2": FLAGS,
              "avx512": FLAGS + ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-DSPECWIRE_AVX512")}
 ISA_FEATURES = {"avx2": ("avx2", "fma"), "avx512": ("avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl")}
 ISA_ENV = "SPECWIRE_ROWDOT_ISA"  # set to avx2 to build the AVX2 kernels on a CPU with AVX-512
-ABI = 4  # `specwire_rowdot_abi()` of the sources this module calls
+ABI = 5  # `specwire_rowdot_abi()` of the sources this module calls
 
 
 def isa() -> str:
@@ -80,6 +80,38 @@ def compiler() -> str | None:
     return None
 
 
+def build_library(sources: tuple[Path, ...], flags: tuple[str, ...], digest: str, prefix: str,
+                  what: str) -> tuple[ctypes.CDLL | None, str]:
+    """(the shared library of `sources` built with `flags`, loaded, "") or (None, why not). Built once per
+    `digest` (of sources and flags) and compiler, atomically, and cached as $SPECWIRE_HOME/kernels/PREFIX-HASH.so.
+    Shared by the compiled kernels (`rowdot`, `amx`)."""
+    from specwire.safeio import atomic_path, specwire_home
+
+    cc = compiler()
+    if cc is None:
+        return None, "no C compiler was found (set CC, or install gcc)"
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"the C compiler {cc} does not run ({e})"
+    key = hashlib.sha256("\0".join([digest, cc, *version]).encode()).hexdigest()[:16]
+    lib_path = specwire_home() / "kernels" / f"{prefix}-{key}.so"
+    if not lib_path.is_file():
+        log.info("building %s with %s (once; cached as %s)", what, cc, lib_path)
+        try:
+            with atomic_path(lib_path) as tmp:
+                done = subprocess.run([cc, *flags, *map(str, sources), "-o", str(tmp)], capture_output=True,
+                                      text=True, timeout=300)
+                if done.returncode != 0:
+                    raise RuntimeError((done.stderr.strip().splitlines() or ["no message"])[-1])
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+            return None, f"{cc} could not build {' and '.join(src.name for src in sources)} ({e})"
+    try:
+        return ctypes.CDLL(str(lib_path)), ""
+    except OSError as e:
+        return None, f"{lib_path} does not load ({e})"
+
+
 def _cpu_ok(build: str) -> str | None:
     from specwire.target.cpu import cpu_features
 
@@ -94,8 +126,6 @@ def _cpu_ok(build: str) -> str | None:
 def _library(build: str | None = None) -> tuple[ctypes.CDLL | None, str]:
     """(the loaded library of a build, this process's by default, "") or (None, why not). Built once per
     source/flags/compiler, atomically; the default build is resolved once per process."""
-    from specwire.safeio import atomic_path, specwire_home
-
     try:
         build = build or isa()
     except SpecwireError as e:
@@ -103,31 +133,12 @@ def _library(build: str | None = None) -> tuple[ctypes.CDLL | None, str]:
     why = _cpu_ok(build)
     if why:
         return None, why
-    cc = compiler()
-    if cc is None:
-        return None, "no C compiler was found (set CC, or install gcc)"
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
-    except (OSError, subprocess.SubprocessError) as e:
-        return None, f"the C compiler {cc} does not run ({e})"
-    digest = hashlib.sha256("\0".join([source_digest(build), cc, *version]).encode()).hexdigest()[:16]
-    lib_path = specwire_home() / "kernels" / f"specwire-kernels-{digest}.so"
-    if not lib_path.is_file():
-        log.info("building the row-invariant kernels with %s (once; cached as %s)", cc, lib_path)
-        try:
-            with atomic_path(lib_path) as tmp:
-                done = subprocess.run([cc, *ISA_FLAGS[build], *map(str, SOURCES), "-o", str(tmp)], capture_output=True,
-                                      text=True, timeout=300)
-                if done.returncode != 0:
-                    raise RuntimeError((done.stderr.strip().splitlines() or ["no message"])[-1])
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            return None, f"{cc} could not build {' and '.join(src.name for src in SOURCES)} ({e})"
-    try:
-        lib = ctypes.CDLL(str(lib_path))
-    except OSError as e:
-        return None, f"{lib_path} does not load ({e})"
+    lib, why = build_library(SOURCES, ISA_FLAGS[build], source_digest(build), "specwire-kernels",
+                             "the row-invariant kernels")
+    if lib is None:
+        return None, why
     if lib.specwire_rowdot_abi() != ABI:
-        return None, f"{lib_path} has another interface version than this specwire"
+        return None, f"{lib._name} has another interface version than this specwire"
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.specwire_rowdot_f32.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
     lib.specwire_rowdot_f32.restype = None
@@ -140,6 +151,8 @@ def _library(build: str | None = None) -> tuple[ctypes.CDLL | None, str]:
     lib.specwire_rowattn_f32.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, ptr, i64, i64, i64, i64,
                                          ptr, ctypes.c_float, ptr, ptr, ctypes.c_int]
     lib.specwire_rowattn_f32.restype = None
+    lib.specwire_rowattn_bf16kv.argtypes = lib.specwire_rowattn_f32.argtypes
+    lib.specwire_rowattn_bf16kv.restype = None
     return lib, ""
 
 

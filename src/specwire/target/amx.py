@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import logging
 import platform
 from functools import lru_cache
 from pathlib import Path
@@ -29,7 +28,6 @@ import torch
 
 from specwire.errors import SpecwireError
 
-log = logging.getLogger("specwire")
 SOURCE = Path(__file__).with_name("amxdot.c")
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-fopenmp", "-fPIC", "-shared")
 FEATURES = ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx512bw")

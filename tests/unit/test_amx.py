@@ -4,7 +4,8 @@ Every row of a product is bitwise the row a one-row product gives, for every row
 contract's 64 and at every place among the rows, with and without bias, for shapes that do and do not fill
 the kernel's tiles (the module pads them); the values are F.linear's in bf16 to rounding. Tiny models of every
 supported architecture swapped to it give chain and tree passes bitwise equal to single steps, and
-speculative decoding on them is token-identical to plain greedy decoding. Asking for it in float32 is
+speculative decoding on them is token-identical to plain greedy decoding, and the hf-generate baseline runs
+F.linear on them instead. Asking for it in float32 is
 refused with the reason. On a CPU without AMX these tests skip with a reason on the allow-list.
 """
 
@@ -90,3 +91,18 @@ def test_speculation_on_an_amx_target_is_lossless(tmp_path, tree):
 def test_amx_in_float32_is_refused(tmp_path):
     with pytest.raises(SpecwireError, match="--linear amx is a bf16 CPU kernel; found dtype float32 on cpu"):
         load_target(make_tiny_target_dir(tmp_path), device="cpu", dtype="float32", linear="amx")
+
+
+@needs_amx
+def test_hf_generate_baseline_runs_transformers_own_kernels(tmp_path):
+    """`invariance.stock_kernels` (what `hf-generate` runs in a bench) hands the AMX layers back to F.linear."""
+    from specwire.target.invariance import stock_kernels
+
+    target = load_target(make_tiny_target_dir(tmp_path), device="cpu", dtype="bfloat16", linear="amx")
+    layers = [m for m in target.model.modules() if isinstance(m, AmxLinear)]
+    assert layers and not any(m.stock for m in layers)
+    x = torch.randn(3, layers[0].in_features).to(torch.bfloat16)
+    with torch.inference_mode(), stock_kernels(target.model):
+        assert all(m.stock for m in layers)
+        assert torch.equal(layers[0](x), F.linear(x, layers[0].weight, layers[0].bias))
+    assert not any(m.stock for m in layers)

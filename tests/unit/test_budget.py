@@ -136,7 +136,7 @@ def test_cache_round_trip_and_foreign_or_stale_cache_is_ignored(tmp_path, caplog
     from specwire.target import amx, rowdot
 
     # this machine's compiled kernels' digests (rowdot and attention, AMX) are part of every key
-    assert key.kernels == f"{rowdot.source_digest()}+{amx.source_digest()}"
+    assert key.kernels == f"{rowdot.source_digest()}+{amx.source_digest()}" and len(key.kernels) == 33
     other = CacheKey.here("abc123")
     other.threads += 1  # another thread count is another file: nothing cached there
     assert read_cache(other, tmp_path).curves == {}

@@ -68,13 +68,9 @@ def machine_info(device: torch.device, dtype: torch.dtype, model: torch.nn.Modul
         if info["attention"] == ATTENTION_NAME:  # which form of the invariant attention ran (`target.attention`)
             info["attention"] += " (compiled)" if device.type == "cpu" and kernels_available() else " (torch)"
     if device.type == "cpu" and kernels_available():  # which build of the compiled kernels timed the runs
-        from specwire.target.rowdot import source_digest
+        from specwire.target.hardware import kernels_digest
 
-        info["kernels"] = source_digest()
-        if info.get("linear") == "amx":  # and the AMX kernel's build, where the linear layers ran it
-            from specwire.target import amx
-
-            info["kernels"] += f"+{amx.source_digest()}"
+        info["kernels"] = kernels_digest()
     if info.get("linear") == "rowdot":  # and what they read a pass (compact forms: fewer bytes)
         from specwire.target.fastlinear import weight_bytes
 

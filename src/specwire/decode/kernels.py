@@ -1,9 +1,9 @@
 """Hardware-aware defaults: which dtype and linear kernel a decoding target runs, and its cost curve.
 
 Scope: the candidate kernels for this machine (`candidate_kernels`: fp32 always, with `torch`, `pretransposed`
-and, where `target.rowdot` runs, `rowdot` linear layers; bf16 only where the CPU has native bf16 arithmetic
-(with `torch`, `pretransposed`, `onednn` where torch has oneDNN, and `amx` where `target.amx` runs),
-AMX or AVX512-BF16, or on CUDA), profiling a candidate (its linear row
+and, where `target.rowdot` runs, `rowdot` linear layers; bf16 only where the CPU has native bf16 arithmetic,
+AMX or AVX512-BF16, or on CUDA, with `torch`, `pretransposed`, `onednn` where torch has oneDNN, and `amx`
+where `target.amx` runs), profiling a candidate (its linear row
 padding, a bitwise check of chain and tree passes against single steps, and its pass-cost curve),
 `default_kernel` (the fastest candidate that passed the check, measured once per machine and cached by
 `target.hardware`), `resolve_kernel` for `--dtype auto` / `--linear auto`, and `cost_curve` for a loaded

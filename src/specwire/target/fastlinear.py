@@ -30,16 +30,16 @@ oneDNN (`--linear onednn`, bf16 on a CPU whose torch has oneDNN): nn.Linear's ma
 the weight reordered once, at load, into the library's own blocked layout. `F.linear` hands oneDNN a plain
 [out, in] weight, which it reorders on every call: in bf16 that reorder reads and writes the weights once
 more, so a one-token step ran at half the memory rate of fp32. Prepacked, a bf16 pass through every linear
-layer of the built-in target costs about 16 ms for 1 to 16 rows on a 2-core AMX CPU, against 23 ms for
-`F.linear` (docs/BENCHMARKS.md). oneDNN picks its kernel by the row count like any BLAS, so its rows are
+layer of the built-in target took about 16 ms for 1 to 16 rows on a 2-core AMX Xeon, against 23 ms for
+`F.linear` (the layers alone, timed at their real shapes; whole passes: docs/BENCHMARKS.md). oneDNN picks its kernel by the row count like any BLAS, so its rows are
 invariant only within a range of row counts; the row padding below is measured for it as for nn.Linear.
 
 AMX (`--linear amx`, bf16 on a CPU with AMX-BF16): nn.Linear's maths through the compiled kernel of
 `target.amx`, which reads the model's bf16 weights as they are and computes every output with one fixed
-chain of AMX dot products, so its rows are invariant by construction (no padding) and a pass of up to 16
-tokens costs little more than one (a one-token step at the machine's memory rate: on a 2-core AMX Xeon
-every linear layer of the built-in target took about 11 ms at one row and 13 ms at 16, against 16.8 ms at
-one row through prepacked oneDNN and 23 through F.linear).
+chain of AMX dot products, so its rows are invariant by construction (no padding), and the layers' cost
+hardly grows with the row count: on a 2-core AMX Xeon every linear layer of the built-in target took about
+11 ms at one row and 13 ms at 16, against 16.8 ms at one row through prepacked oneDNN and 23 through
+F.linear (a one-token step near the machine's memory rate).
 
 Row padding: a CPU GEMM library picks its kernel by the number of rows, and works through the rows in
 blocks. A one-row product (a matrix-vector kernel), or the leftover rows after the last whole block,
@@ -59,6 +59,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from specwire.errors import SpecwireError
+from specwire.target.amx import BLOCK_K, BLOCK_N, library as amx_library, product as amx_product
 from specwire.target.attention import MAX_INVARIANT_QUERIES
 from specwire.target.compact import pack
 from specwire.target.rowdot import rowdot
@@ -304,15 +305,13 @@ class AmxLinear(nn.Module):
     stock = False
 
     def __init__(self, linear: nn.Linear):
-        from specwire.target.amx import BLOCK_K, BLOCK_N, library
-
         super().__init__()
         if linear.weight.dtype != torch.bfloat16 or linear.weight.device.type != "cpu":
             raise SpecwireError(f"AmxLinear: expected a bf16 weight on CPU, found {linear.weight.dtype} on "
                                 f"{linear.weight.device}.")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self._fn = library().specwire_amxdot_bf16
+        self._fn = amx_library().specwire_amxdot_bf16
         pad_n, pad_k = -self.out_features % BLOCK_N, -self.in_features % BLOCK_K
         self.pad_k = pad_k
         # what the kernel reads: the shared weight itself, or a zero-padded copy (not refreshed if the weight changes)
@@ -322,14 +321,12 @@ class AmxLinear(nn.Module):
         self.padded_bias = None if linear.bias is None else F.pad(linear.bias.detach(), (0, pad_n)).contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
-        from specwire.target.amx import product
-
         if (self.stock or x.numel() > MAX_INVARIANT_QUERIES * x.shape[-1] or x.dtype != torch.bfloat16
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
         if self.padded is None:
-            return product(self._fn, x, self.weight, self.padded_bias)
-        y = product(self._fn, F.pad(x, (0, self.pad_k)) if self.pad_k else x, self.padded, self.padded_bias)
+            return amx_product(self._fn, x, self.weight, self.padded_bias)
+        y = amx_product(self._fn, F.pad(x, (0, self.pad_k)) if self.pad_k else x, self.padded, self.padded_bias)
         return y[..., :self.out_features]
 
     def extra_repr(self) -> str:

@@ -100,6 +100,14 @@ class CostCurve:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
+def kernels_digest() -> str:
+    """The build of every compiled kernel this process may run (rowdot and the attention, the AMX product):
+    what a cost curve or a bench record was measured with."""
+    from specwire.target import amx, rowdot
+
+    return f"{rowdot.source_digest()}+{amx.source_digest()}"
+
+
 @dataclass
 class CacheKey:
     """Everything a cost curve depends on."""
@@ -110,17 +118,14 @@ class CacheKey:
     torch: str
     device: str
     target: str  # target fingerprint
-    kernels: str = ""  # `rowdot.source_digest()` + `amx.source_digest()`: a changed compiled kernel makes every cached curve stale
+    kernels: str = ""  # `kernels_digest()`: a changed compiled kernel makes every cached curve stale
     format: int = CACHE_FORMAT
     extra: dict = field(default_factory=dict)
 
     @classmethod
     def here(cls, target_fingerprint: str, device: str = "cpu") -> "CacheKey":
-        from specwire.target import amx, rowdot
-
         return cls(cpu=cpu_model(), features=cpu_features(), threads=torch.get_num_threads(), torch=torch.__version__,
-                   device=str(device), target=target_fingerprint,
-                   kernels=f"{rowdot.source_digest()}+{amx.source_digest()}")
+                   device=str(device), target=target_fingerprint, kernels=kernels_digest())
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -105,19 +105,19 @@ def stock_kernels(model: nn.Module):
 
     padded = [(m, getattr(m, "min_rows", 1)) for m in model.modules()
               if isinstance(m, (RowPadded, PretransposedLinear)) or _pads_experts(m)]
-    rowdot = [m for m in model.modules() if isinstance(m, (RowDotLinear, AmxLinear, OneDNNLinear))]
+    swapped = [m for m in model.modules() if isinstance(m, (RowDotLinear, AmxLinear, OneDNNLinear))]
     try:
         if impl != "sdpa":
             model.set_attn_implementation("sdpa")
         for m, _ in padded:
             m.min_rows = 1
-        for m in rowdot:
+        for m in swapped:
             m.stock = True
         yield model
     finally:
         for m, r in padded:
             m.min_rows = r
-        for m in rowdot:
+        for m in swapped:
             m.stock = False
         if impl is not None and impl != "sdpa":
             model.set_attn_implementation(impl)

@@ -4,7 +4,7 @@ Tiny targets with random drafts (whose live acceptance is near zero) and an acce
 claims a good draft: auto starts by speculating, learns from the rounds, and the output stays plain
 greedy decoding's. Once it has gone plain it probes again after `PROBE_AFTER` plain steps, and the draft
 then reads exactly the target states of the positions it skipped; what it learnt of the machine's speed
-is carried to the next request. Slow: the built-in target with the shipped draft in bf16, where auto's output must
+and of the draft's live acceptance is carried to the next request. Slow: the built-in target with the shipped draft in bf16, where auto's output must
 equal plain decoding's bit for bit on real prompts.
 """
 
@@ -15,6 +15,7 @@ import torch
 
 from helpers import make_draft_dir, prompt_of
 from specwire.decode import engine, kernels
+from specwire.decode.budget import Budget
 from specwire.decode.engine import AutoBudget, SpecConfig, load_engine_draft, speculative_generate
 from specwire.decode.plain import plain_generate
 from specwire.draft.acceptance import DraftAcceptance, read_acceptance, write_acceptance
@@ -98,6 +99,26 @@ def test_auto_carries_what_it_learnt_of_the_machine_to_the_next_request(tiny_tar
     assert round(carried.cost.scale, 3) == learnt["scale"] and round(carried.cost.overhead_ms, 3) == learnt["overhead_ms"]
     other = load_engine_draft(folder, target)  # another draft object: its own costs, learnt afresh
     assert AutoBudget(target, other, SpecConfig(), tree=True).cost.scale == 1.0
+
+
+def test_auto_carries_the_live_acceptance_to_the_next_request_of_the_same_mode(tiny_target, tmp_path):
+    """The random draft's live acceptance (near zero) against the claimed 0.9: the next request of the same
+    target, draft and mode starts from the rounds the first one ran; a chain request does not take a tree's."""
+    target = load_target(tiny_target("llama"), device="cpu")
+    folder = make_draft_dir(target, tmp_path / "draft")
+    write_acceptance(folder, CLAIMED)
+    draft = load_engine_draft(folder, target)
+    fresh = AutoBudget(target, draft, SpecConfig(), tree=True)
+    assert fresh.acceptance.live == [] and fresh.report()["carried_rounds"] == 0
+    res = speculative_generate(target, draft, prompt_of(8), max_new_tokens=24, spec=SpecConfig(), stop_on_eos=False)
+    assert res.extra["budget_used"]["carried_rounds"] == 0
+    carried = AutoBudget(target, draft, SpecConfig(), tree=True)
+    rounds = carried.acceptance.live[0][1]  # every round with draft tokens reaches position 0
+    assert 0 < rounds <= res.extra["num_verify_passes"] and carried.report()["carried_rounds"] == rounds
+    assert carried.acceptance.rates(Budget(1))[0] < fresh.acceptance.rates(Budget(1))[0]
+    assert AutoBudget(target, draft, SpecConfig(tree=False), tree=False).acceptance.live == []
+    other = load_engine_draft(folder, target)  # another draft object: its own acceptance, learnt afresh
+    assert AutoBudget(target, other, SpecConfig(), tree=True).acceptance.live == []
 
 
 def test_auto_stays_within_its_caps(tiny_target, tmp_path):

@@ -198,3 +198,18 @@ def test_a_probe_is_the_best_budget_that_speculates():
     best = max((c for c in (evaluate(b, acc, cost) for b in candidates(5, 4, 16, tree=True, depth=acc.depth))
                 if c.budget.num_steps), key=lambda c: c.tokens_per_s)
     assert probe.tokens_per_s == pytest.approx(best.tokens_per_s)
+
+
+def test_carried_counts_keep_the_rate_and_cap_the_rounds():
+    """What a request hands the next: the same posterior where few rounds ran; past the cap, the counts are
+    scaled down to it (the live rate kept), so the prior and the newest rounds weigh more."""
+    acc = AcceptanceModel([0.5, 0.4], [0.7, 0.6], 4)
+    for _ in range(40):
+        acc.observe(Budget(2), [1, 1], [1, 0])
+    few = acc.carried(100)
+    assert few == acc.live and few is not acc.live
+    capped = acc.carried(10)
+    assert [c[1] for c in capped] == [10, 10]
+    assert [c[2] / c[1] for c in capped] == [a / r for _, r, a in acc.live]
+    again = AcceptanceModel([0.5, 0.4], [0.7, 0.6], 4, live=capped)
+    assert 1.0 > again.rates(Budget(2))[0] > 0.5 > again.rates(Budget(2))[1]

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from helpers import random_tiny_draft
 from specwire.draft.checkpoint import load_draft, save_draft
 from specwire.errors import SpecwireError
+from specwire.target import amx as amx_mod
 from specwire.target import attention
 from specwire.target import rowdot as rowdot_mod
 from specwire.target.fastlinear import RowDotLinear, linear_kind
@@ -110,6 +111,7 @@ def test_refused_with_the_reason_where_it_cannot_run(tiny_target, monkeypatch):
         load_target(path, device="cpu", dtype="bfloat16", linear="rowdot")
     monkeypatch.setattr(rowdot_mod, "compiler", lambda: None)
     rowdot_mod._library.cache_clear()
+    amx_mod._library.cache_clear()  # (it builds with the same compiler)
     try:
         assert rowdot_mod.available() == (False, "no C compiler was found (set CC, or install gcc)")
         with pytest.raises(SpecwireError, match="cannot run here: no C compiler was found"):
@@ -125,6 +127,7 @@ def test_refused_with_the_reason_where_it_cannot_run(tiny_target, monkeypatch):
     finally:
         monkeypatch.undo()
         rowdot_mod._library.cache_clear()
+        amx_mod._library.cache_clear()  # a kernel found missing under the patch must be looked for again
     assert rowdot_mod.available()[0]
 
 

@@ -28,6 +28,9 @@ Live corrections: the engine reports, per draft position, how often it was reach
 the budget it ran. The model keeps, per position, the posterior of a Beta-like update with
 `PRIOR_ROUNDS` pseudo-rounds at the modelled rate of the budgets that ran, and scales every budget, chain
 or tree, by posterior / modelled rate at that position (a draft that misses in a tree misses in a chain).
+The engine carries these counts from one request to the next (`AcceptanceModel.carried`): the offline
+tree model is an estimate (on the shipped draft it expects 0.50 at a tree's third position, where live
+rounds accept 0.28), and a request of a few dozen rounds is too short to learn that alone.
 """
 
 from __future__ import annotations
@@ -148,6 +151,15 @@ class AcceptanceModel:
                     posterior = (prior * PRIOR_ROUNDS + accepted) / (PRIOR_ROUNDS + reached)
                     rates[j] = min(1.0, r * posterior / prior)
         return rates
+
+    def carried(self, limit: float) -> list[list[float]]:
+        """The live counts, to start the next request of the same draft and target from: a copy, each position's
+        counts scaled down to at most `limit` rounds reached (so the newest rounds keep moving the correction)."""
+        out = []
+        for modelled_sum, reached, accepted in self.live:
+            f = min(1.0, limit / reached) if reached else 1.0
+            out.append([modelled_sum * f, reached * f, accepted * f])
+        return out
 
     def observe(self, b: Budget, reached: list[int], accepted: list[int]) -> None:
         """Live counts of one or more rounds run with budget b: per position, rounds reaching it, accepting."""

@@ -45,11 +45,12 @@ Metrics in `GenerationResult.extra`:
 
 Under `SpecConfig.budget == "auto"` (`AutoBudget`, maths in `decode.budget`) each round's depth, branching and
 token count are chosen every REPLAN_EVERY rounds from the target's cost curve (`decode.kernels.cost_curve`),
-the draft's measured step cost (`draft_step_ms`) and its acceptance (acceptance.json, corrected by the
-request's own rounds). When no speculation pays, the request takes plain steps, and after PROBE_AFTER of
+the draft's measured step cost (`draft_step_ms`) and its acceptance (acceptance.json, corrected by live
+rounds). When no speculation pays, the request takes plain steps, and after PROBE_AFTER of
 them speculates for one replan period again; the draft then first reads the positions it skipped. Every
 target pass and round is timed: the curve's live scale and the per-round overhead are learnt from them
-and carried to the next request of the same target and draft (`_learnt_costs`).
+and carried to the next request of the same target and draft (`_learnt_costs`), and so is the live
+acceptance, per mode, over at most CARRY_ROUNDS rounds (`_learnt_acceptance`).
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ from specwire.decode.budget import (DEFAULT_ACCEPTANCE, DEFAULT_ACCEPTANCE_TOPK,
                                     choose_budget)
 from specwire.decode.draft_step import ServedStep
 from specwire.decode.plain import GenerationResult, check_request
-from specwire.decode.sampling import SamplingParams, logits_to_probs, make_generator, next_token, sample_from
+from specwire.decode.sampling import (SamplingParams, greedy_token, logits_to_probs, make_generator, next_token,
+                                      sample_from)
 from specwire.target.load import Target, tokenizer_fingerprint
 from specwire.decode.tree import DraftTree, chain_tree, pass_mask, root_only, select_tree
 from specwire.decode.verify import VerifyResult, verify_chain_sampled, verify_greedy, verify_tree_sampled
@@ -297,7 +299,7 @@ class EagleProposer:
             if i:  # TTT: every draft node at the constant position last_pos
                 logits, h = self._step(h[None], toks[-1].reshape(1, 1), self._rope(last_pos, 1), None, last_only=True)
             if params.greedy:
-                d = logits.argmax(-1)  # shape: [1]
+                d = greedy_token(logits)  # shape: [1]
             else:
                 qd = logits_to_probs(logits, params)  # shape: [1, Vd]
                 d = sample_from(qd, generator)
@@ -387,6 +389,9 @@ PROBE_AFTER = 32  # plain steps under `auto` before it speculates again for one 
 _draft_costs: "weakref.WeakKeyDictionary[Eagle3Draft, dict]" = weakref.WeakKeyDictionary()
 # target model -> draft -> (scale, overhead_ms) that `auto` learnt, carried from one request to the next
 _learnt_costs: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
+# target model -> draft -> {tree mode: live acceptance counts (`AcceptanceModel.live`)}, carried the same way
+_learnt_acceptance: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
+CARRY_ROUNDS = 256  # the most rounds per draft position whose acceptance a new request starts from
 
 
 def primed_proposer(draft: Eagle3Draft, context: int, *, room: int) -> tuple["EagleProposer", torch.Tensor]:
@@ -433,9 +438,10 @@ def draft_step_ms(draft: Eagle3Draft, widths=(1, 2, 3, 4), *, context: int = 64,
 class AutoBudget:
     """`auto`: the budget of each round, from the target's cost curve, the draft's step cost and acceptance.
 
-    The acceptance starts from the draft's acceptance.json (a cautious prior without one) and learns from
-    the request's own rounds. The cost curve's live scale and the per-round overhead are learnt from timed
-    passes and rounds, and carried to the next request of the same target and draft. After `PROBE_AFTER`
+    The acceptance starts from the draft's acceptance.json (a cautious prior without one), corrected by the
+    live rounds of earlier requests of the same target, draft and mode (tree or chain; at most CARRY_ROUNDS
+    per position), and learns from the request's own rounds. The cost curve's live scale and the per-round
+    overhead are learnt from timed passes and rounds, and carried to the next request the same way. After `PROBE_AFTER`
     plain steps it speculates for one replan period (a probe), since plain steps teach it nothing about
     acceptance: a draft that lost on a hard passage may win on the next.
     """
@@ -454,6 +460,11 @@ class AutoBudget:
         self._learnt = _learnt_costs.setdefault(target.model, weakref.WeakKeyDictionary())
         self._draft = draft
         self.cost.scale, self.cost.overhead_ms = self._learnt.get(draft, (1.0, 0.0))
+        self._learnt_live = _learnt_acceptance.setdefault(target.model, weakref.WeakKeyDictionary()).setdefault(draft, {})
+        carried = self._learnt_live.get(tree)
+        if carried and len(carried) == self.acceptance.depth:
+            self.acceptance.live = [list(counts) for counts in carried]
+        self.carried_rounds = int(max((c[1] for c in carried), default=0)) if carried else 0
         self.spec, self.tree = spec, tree
         self.current: Budget | None = None
         self.rounds = 0
@@ -484,13 +495,14 @@ class AutoBudget:
         plain steps)."""
         k = min(depth, budget.num_steps)
         self.acceptance.observe(budget, [int(accepted >= j) for j in range(k)], [int(accepted > j) for j in range(k)])
+        self._learnt_live[self.tree] = self.acceptance.carried(CARRY_ROUNDS)
         if round_ms is not None:
             self.cost.learn_round(budget, round_ms)
             self._learnt[self._draft] = (self.cost.scale, self.cost.overhead_ms)
 
     def report(self) -> dict:
         return {"budgets_used": dict(self.used), "overhead_ms": round(self.cost.overhead_ms, 3),
-                "scale": round(self.cost.scale, 3), "probes": self.probes,
+                "scale": round(self.cost.scale, 3), "probes": self.probes, "carried_rounds": self.carried_rounds,
                 "target_ms": {t: round(v, 2) for t, v in self.cost.target_ms.items() if t in (1, 2, 4, 8, 16, 17)},
                 "draft_ms": {w: round(v, 3) for w, v in self.cost.draft_ms.items()}}
 
@@ -628,7 +640,7 @@ def speculative_generate(
                 synchronize(dev)
                 auto.observe_pass(dtree.size, 1000 * (time.perf_counter() - tf))
             if params.greedy:
-                res = verify_greedy(dtree, logits.argmax(-1))
+                res = verify_greedy(dtree, greedy_token(logits))
             else:
                 p = logits_to_probs(logits, params)  # shape: [N+1, V]
                 if dtree.is_chain and dtree.q is not None:

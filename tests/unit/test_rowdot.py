@@ -196,3 +196,26 @@ def test_every_build_this_cpu_runs_gives_bitwise_the_avx2_builds_products(form):
                 assert torch.equal(ref, single[:m]), f"avx2: {n}x{k}, M={m}: a row depends on the rows beside it"
                 for build in builds:
                     assert torch.equal(rowdot(x[:m], weight, bias, build=build), ref), f"{build}: {n}x{k}, M={m}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_argmax_is_torch_argmax(dtype):
+    """The greedy pick (`argmax_rows`, behind `decode.sampling.greedy_token`): the first index of the maximum, on
+    ties, signed zeros, infinities, short rows and strided views; a row with a NaN is left to torch (None)."""
+    from specwire.decode.sampling import greedy_token
+    from specwire.target.rowdot import argmax_rows
+
+    g = torch.Generator().manual_seed(0)
+    for rows, V in ((1, 7), (2, 8), (9, 49152), (17, 8195)):
+        x = (torch.randn(rows, V, generator=g) * 2).round().to(dtype)  # many ties
+        assert torch.equal(argmax_rows(x), x.argmax(-1))
+        assert torch.equal(argmax_rows(x.t().contiguous().t()), x.argmax(-1))  # a strided view
+        x[0] = 0.0
+        x[0, min(3, V - 1)] = -0.0  # +0 and -0 are equal: the first wins
+        x[-1, V // 2] = float("inf")
+        assert torch.equal(argmax_rows(x), x.argmax(-1))
+        x[-1, V - 1] = float("nan")
+        assert argmax_rows(x) is None
+        assert torch.equal(greedy_token(x), x.argmax(-1))  # NaN wins, as in torch
+    assert torch.equal(argmax_rows(torch.zeros(2, 3, 5, dtype=dtype)), torch.zeros(2, 3, dtype=torch.long))
+    assert argmax_rows(torch.zeros(4, 5, dtype=torch.float16)) is None

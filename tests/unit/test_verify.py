@@ -6,7 +6,8 @@ from scipy.stats import chisquare
 
 from specwire.decode.sampling import SamplingParams, logits_to_probs
 from specwire.decode.tree import DraftTree, chain_tree, root_only
-from specwire.decode.verify import verify_chain_sampled, verify_greedy, verify_tree_sampled
+from specwire.decode.verify import (greedy_by_paths, greedy_walk, verify_chain_sampled, verify_greedy,
+                                   verify_tree_sampled)
 
 V = 6  # tiny vocabulary: joint of two tokens has 36 cells
 DRAWS = 20_000
@@ -40,6 +41,27 @@ def test_greedy_tree_follows_the_matching_branch():
     argmax[5] = 99  # the target disagrees after node 5: stop there, bonus 99
     res = verify_greedy(tree, argmax)
     assert res.accepted == [2, 5] and res.tokens == [11, 14, 99]
+
+
+def test_greedy_walk_equals_the_path_scoring_on_random_trees():
+    """The CPU's host walk and the device form give the same result; where siblings share a token the walk
+    declines (None) and the device form decides."""
+    g = torch.Generator().manual_seed(0)
+    declined = 0
+    for _ in range(400):
+        n = int(torch.randint(2, 18, (1,), generator=g))
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+        tree = DraftTree(tokens=torch.randint(0, 4, (n,), generator=g), parents=parents)  # 4 tokens: many matches
+        argmax = torch.randint(0, 4, (n,), generator=g)
+        walked = greedy_walk(tree, argmax.tolist())
+        ref = greedy_by_paths(tree, argmax)
+        if walked is None:
+            declined += 1
+            assert verify_greedy(tree, argmax) == ref
+        else:
+            assert (walked.accepted, walked.tokens) == (ref.accepted, ref.tokens)
+            assert verify_greedy(tree, argmax) == walked
+    assert 0 < declined < 400
 
 
 def test_sampled_tree_with_one_hot_target_equals_greedy():

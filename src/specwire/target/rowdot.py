@@ -1,10 +1,10 @@
 """The compiled row-invariant float32 kernels: build, load, and the product behind `--linear rowdot`.
 
-Scope: building `rowdot.c` and `rowattn.c` (beside this file, sharing `rowkernels.h`) into one shared library on first use, cached
-under `$SPECWIRE_HOME/kernels` by a hash of the sources, flags and compiler; loading it with ctypes;
-`available` (can this machine run it, and if not, why); `rowdot` (x @ W.T + b through it, W float32, bf16 or
-an exact `compact.CompactWeight`) and `library`
-(for `attention.compiled_attention`, the attention kernel's caller). Does not own the module that swaps a
+Scope: building `rowdot.c`, `rowattn.c` and `argmax.c` (beside this file, sharing `rowkernels.h`) into one shared
+library on first use, cached under `$SPECWIRE_HOME/kernels` by a hash of the sources, flags and compiler; loading
+it with ctypes; `available` (can this machine run it, and if not, why); `rowdot` (x @ W.T + b through it, W
+float32, bf16 or an exact `compact.CompactWeight`), `argmax_rows` (the greedy pick over rows of logits, for
+`decode.sampling.greedy_token`) and `library` (for `attention.compiled_attention`, the attention kernel's caller). Does not own the module that swaps a
 model's linear layers (`fastlinear.RowDotLinear`), the attention's rule (`attention`) nor the choice of
 kernel (`decode.kernels`).
 
@@ -40,7 +40,7 @@ from specwire.errors import SpecwireError
 from specwire.target.compact import CompactWeight
 
 log = logging.getLogger("specwire")
-SOURCES = (Path(__file__).with_name("rowdot.c"), Path(__file__).with_name("rowattn.c"))  # compiled into one library
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("rowdot.c", "rowattn.c", "argmax.c"))  # one library
 HEADERS = (Path(__file__).with_name("rowkernels.h"),)  # included by the sources (part of their digest)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared")  # no -ffast-math: the order is the point
 # The builds, by instruction set: the same chains of operations (so bitwise the same products), the avx512
@@ -49,7 +49,7 @@ ISA_FLAGS = {"avx2": FLAGS,
              "avx512": FLAGS + ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-DSPECWIRE_AVX512")}
 ISA_FEATURES = {"avx2": ("avx2", "fma"), "avx512": ("avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl")}
 ISA_ENV = "SPECWIRE_ROWDOT_ISA"  # set to avx2 to build the AVX2 kernels on a CPU with AVX-512
-ABI = 5  # `specwire_rowdot_abi()` of the sources this module calls
+ABI = 6  # `specwire_rowdot_abi()` of the sources this module calls
 
 
 def isa() -> str:
@@ -153,6 +153,8 @@ def _library(build: str | None = None) -> tuple[ctypes.CDLL | None, str]:
     lib.specwire_rowattn_f32.restype = None
     lib.specwire_rowattn_bf16kv.argtypes = lib.specwire_rowattn_f32.argtypes
     lib.specwire_rowattn_bf16kv.restype = None
+    lib.specwire_argmax_rows.argtypes = [ptr, i64, i64, ctypes.c_int, ptr, ctypes.c_int]
+    lib.specwire_argmax_rows.restype = None
     return lib, ""
 
 
@@ -215,3 +217,23 @@ def rowdot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.Te
         fn = lib.specwire_rowdot_bf16w if w.dtype == torch.bfloat16 else lib.specwire_rowdot_f32
         fn(flat.data_ptr(), M, K, w.data_ptr(), N, b, y.data_ptr(), threads)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor | None:
+    """logits [..., V] (float32 or bf16, on CPU) -> [...] long: the first index of each row's maximum, as
+    torch.argmax gives it, by the compiled kernel (`argmax.c`); None where it cannot answer (another dtype or
+    device, the kernels not built here, or a NaN in a row: torch's argmax decides those)."""
+    if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.bfloat16) or not logits.shape[-1]:
+        return None
+    lib, _ = _library()
+    if lib is None:
+        return None
+    V = logits.shape[-1]
+    flat = logits.reshape(-1, V)  # shape: [R, V]
+    flat = flat if flat.is_contiguous() else flat.contiguous()
+    out = torch.empty(flat.shape[0], dtype=torch.long)
+    lib.specwire_argmax_rows(flat.data_ptr(), flat.shape[0], V, int(flat.dtype == torch.bfloat16), out.data_ptr(),
+                             torch.get_num_threads())
+    if flat.shape[0] and bool((out < 0).any()):
+        return None
+    return out.view(logits.shape[:-1])

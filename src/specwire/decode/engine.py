@@ -464,7 +464,7 @@ class AutoBudget:
         carried = self._learnt_live.get(tree)
         if carried and len(carried) == self.acceptance.depth:
             self.acceptance.live = [list(counts) for counts in carried]
-        self.carried_rounds = int(max((c[1] for c in carried), default=0)) if carried else 0
+        self.carried_rounds = int(max((c[1] for c in self.acceptance.live), default=0))  # (what it starts from)
         self.spec, self.tree = spec, tree
         self.current: Budget | None = None
         self.rounds = 0

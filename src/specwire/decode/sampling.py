@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from specwire.errors import SpecwireError
+from specwire.target.rowdot import argmax_rows
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,6 @@ def greedy_token(logits: torch.Tensor) -> torch.Tensor:
     through `max`, whose CPU reduction over bf16 logits is itself 4x faster than argmax's (0.19 against
     0.84 ms there)."""
     if logits.device.type == "cpu":
-        from specwire.target.rowdot import argmax_rows
-
         picked = argmax_rows(logits)
         if picked is not None:
             return picked

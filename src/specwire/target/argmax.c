@@ -11,28 +11,13 @@
 #include <math.h>
 #include <stdint.h>
 
-/* 8 numbers at element e of a row as float32: float32 or bf16 (BF, widened exactly) */
-static inline __attribute__((always_inline)) __m256 load8(const int BF, const void *row, int64_t e) {
-    if (BF) return _mm256_castsi256_ps(_mm256_slli_epi32(
-                      _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + e))), 16));
-    return _mm256_loadu_ps((const float *)row + e);
-}
-
-static inline __attribute__((always_inline)) float load1(const int BF, const void *row, int64_t e) {
-    if (BF) {
-        const uint32_t u = (uint32_t)((const uint16_t *)row)[e] << 16;
-        float f;
-        __builtin_memcpy(&f, &u, 4);
-        return f;
-    }
-    return ((const float *)row)[e];
-}
+#include "rowkernels.h"
 
 static inline __attribute__((always_inline)) int64_t argmax_row(const int BF, const void *row, int64_t n) {
     const int64_t n8 = n & ~(int64_t)7;
     __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
     for (int64_t e = 0; e < n8; e += 8) {
-        const __m256 v = load8(BF, row, e);
+        const __m256 v = kv8(BF, row, e);
         mx = _mm256_max_ps(mx, v);
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     }
@@ -41,17 +26,17 @@ static inline __attribute__((always_inline)) int64_t argmax_row(const int BF, co
     _mm256_storeu_ps(lanes, mx);
     for (int t = 0; t < 8; t++) m = lanes[t] > m ? lanes[t] : m;
     for (int64_t e = n8; e < n; e++) {
-        const float v = load1(BF, row, e);
+        const float v = kv1(BF, row, e);
         if (v != v) return -1;
         m = v > m ? v : m;
     }
     const __m256 mv = _mm256_set1_ps(m);
     for (int64_t e = 0; e < n8; e += 8) {
-        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(load8(BF, row, e), mv, _CMP_EQ_OQ));
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(kv8(BF, row, e), mv, _CMP_EQ_OQ));
         if (hit) return e + __builtin_ctz(hit);
     }
     for (int64_t e = n8; e < n; e++)
-        if (load1(BF, row, e) == m) return e;
+        if (kv1(BF, row, e) == m) return e;
     return -1;  /* (not reached: m is one of the row's numbers) */
 }
 

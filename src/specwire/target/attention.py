@@ -194,13 +194,15 @@ def _compiled_plan(mask, q_len: int, k_len: int) -> tuple[bool, torch.Tensor | N
     return plan
 
 
-def compiled_attention(query, key, value, tail: torch.Tensor | None, scaling=None, *, build: str | None = None) -> torch.Tensor:
+def compiled_attention(query, key, value, tail: torch.Tensor | None, scaling=None, *,
+                       build: str | None = None) -> torch.Tensor:
     """query [1, H, Tq, dk], key [1, Hkv, Tk, dk], value [1, Hkv, Tk, dv] -> [1, Tq, H, dv] in query's dtype.
 
-    `rowattn.c`, in fp32 (a bf16 cache widened exactly as it is read): row i sees the cached prefix (keys 0..Tk-Tq-1) and this pass's keys j where
-    tail[i, j] (uint8 [Tq, Tq]; None: j <= i). Each (row, head) is one fixed chain over its visible keys in
-    order, computed whole by one thread, so it is bitwise what a one-token step would compute. `build` names the
-    kernels' build (`rowdot.ISA_FLAGS`; default: this process's): every build gives bitwise the same results."""
+    `rowattn.c`, in fp32 (a bf16 cache widened exactly as it is read): row i sees the cached prefix (keys
+    0..Tk-Tq-1) and this pass's keys j where tail[i, j] (uint8 [Tq, Tq]; None: j <= i). Each (row, head) is one
+    fixed chain over its visible keys in order, computed whole by one thread, so it is bitwise what a one-token
+    step would compute. `build` names the kernels' build (`rowdot.ISA_FLAGS`; default: this process's): every
+    build gives bitwise the same results."""
     from specwire.target.rowdot import library
 
     _, H, Tq, dk = query.shape
@@ -215,10 +217,10 @@ def compiled_attention(query, key, value, tail: torch.Tensor | None, scaling=Non
     out = torch.empty(Tq, H, dv, dtype=torch.float32)
     work = torch.empty(Tq * H, Tk, dtype=torch.float32)  # each (row, head)'s scores
     lib = library(build)
-    (lib.specwire_rowattn_bf16kv if bf16 else lib.specwire_rowattn_f32)(q.data_ptr(), Tq, H, dk, q.stride(1), q.stride(0), k.data_ptr(), Hkv, k.stride(0),
-                                   k.stride(1), v.data_ptr(), dv, v.stride(0), v.stride(1), Tk - Tq,
-                                   None if tail is None else tail.data_ptr(), scale, work.data_ptr(), out.data_ptr(),
-                                   torch.get_num_threads())
+    kernel = lib.specwire_rowattn_bf16kv if bf16 else lib.specwire_rowattn_f32
+    kernel(q.data_ptr(), Tq, H, dk, q.stride(1), q.stride(0), k.data_ptr(), Hkv, k.stride(0), k.stride(1),
+           v.data_ptr(), dv, v.stride(0), v.stride(1), Tk - Tq, None if tail is None else tail.data_ptr(), scale,
+           work.data_ptr(), out.data_ptr(), torch.get_num_threads())
     return out[None].to(query.dtype)
 
 

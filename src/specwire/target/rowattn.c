@@ -44,13 +44,6 @@ static inline int sees(int64_t j, int64_t i, int64_t past, int64_t Tq, const uin
     return j < past || (tail ? tail[i * Tq + (j - past)] : j - past <= i);
 }
 
-/* 8 (or 1) cache numbers at element e of b as float32: b is float32, or bf16 (BF) widened exactly. */
-static inline __attribute__((always_inline)) __m256 kv8(const int BF, const void *b, int64_t e) {
-    if (BF) return _mm256_castsi256_ps(_mm256_slli_epi32(
-                      _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)b + e))), 16));
-    return _mm256_loadu_ps((const float *)b + e);
-}
-
 #ifdef SPECWIRE_AVX512
 /* 16 cache numbers at element e of b as float32 (the AVX-512 build's value pass) */
 static inline __attribute__((always_inline)) __m512 kv16(const int BF, const void *b, int64_t e) {
@@ -74,16 +67,6 @@ static inline __attribute__((always_inline)) __m512 kv8x2(const int BF, const vo
 }
 #define QDUP_MAX 256  /* the widest head (dk) the two-key scores take */
 #endif
-
-static inline __attribute__((always_inline)) float kv1(const int BF, const void *b, int64_t e) {
-    if (BF) {
-        const uint32_t u = (uint32_t)((const uint16_t *)b)[e] << 16;
-        float f;
-        __builtin_memcpy(&f, &u, 4);
-        return f;
-    }
-    return ((const float *)b)[e];
-}
 
 /* exp(x) for x <= 0, lane by lane: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-7 polynomial (Cephes'
  * expf coefficients, about 1 ulp), times 2^n; x below -87 is taken as -87 (its term, under 2e-38, is

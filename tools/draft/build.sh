@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch, in two stages:
+# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch, in three stages:
 #   stage 1: prompt pool -> self-distilled answers + hidden-state dumps -> training (the v2 recipe);
-#   stage 2: the stage-1 draft, trained on, online, over the self-instruct conversations the target wrote
-#            itself (tools/draft/data/selfinstruct, committed) -> offline eval -> ship.
+#   stage 2: the stage-1 draft, trained on, online, over the first self-instruct conversations the target
+#            wrote itself (tools/draft/data/selfinstruct, committed) (version 3);
+#   stage 3: the stage-2 draft, trained on over every self-instruct training conversation in one long
+#            schedule (version 4) -> offline eval -> ship.
 # Every step is resumable: after an interruption, rerun `make draft` and it continues where it stopped.
 # Progress goes to runs/draft/*.log. Sizes can be overridden from the environment.
 #
@@ -24,6 +26,8 @@ LR=${LR:-1e-3}
 SI_SAMPLES=${SI_SAMPLES:-7680}  # self-instruct conversations stage 2 trains on (of 20,224): 960 steps, ~95 min on 2 cores
 SI_LR=${SI_LR:-1e-3}
 SI_STOP=${SI_STOP:-800}   # version 3 stopped its 960-step schedule here (a session's time box); its best validation ships
+S3_EPOCHS=${S3_EPOCHS:-1.2}  # stage 3: passes over all ~19,800 self-instruct training conversations (2,974 steps)
+S3_LR=${S3_LR:-1e-3}
 THREADS=${THREADS:-2}
 mkdir -p "$RUN"
 
@@ -50,22 +54,22 @@ save_draft(load_draft(src), dst, dtype=torch.bfloat16, extra={"training": traini
 PY
 }
 
-echo "[1/7] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
+echo "[1/9] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
 datagen data-pool1 pool 16 --max-samples 512
 datagen data-synthetic pool:synthetic 32
 datagen data-pool2 'pool[512:1000]' 32
 
-echo "[2/7] held-out evaluation data: every MT-bench and HumanEval prompt answered (never used for training)"
+echo "[2/9] held-out evaluation data: every MT-bench and HumanEval prompt answered (never used for training)"
 datagen eval-mtbench mt-bench 8
 datagen eval-humaneval humaneval 8
 
-echo "[3/7] stage 1: training on the pool (log: $RUN/train.log)"
+echo "[3/9] stage 1: training on the pool (log: $RUN/train.log)"
 "$BIN/specwire" train --data "$RUN/data-pool1" "$RUN/data-synthetic" "$RUN/data-pool2" --out "$RUN/train" \
   --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --lr "$LR" --batch-size 8 --eval-every 200 --threads "$THREADS" \
   --json >"$RUN/train.json" 2>"$RUN/train.log"
 ship "$RUN/train/draft" "$RUN/stage1"  # the bf16 copy that shipped as version 2; stage 2 starts from it
 
-echo "[4/7] stage-2 data: the self-instruct conversations (complete in the repository: checked, not regenerated)"
+echo "[4/9] stage-2 data: the self-instruct conversations (complete in the repository: checked, not regenerated)"
 "$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct --conversations 20000 --shard-size 256 \
   --sample-batch 320 --answer-batch 128 --max-request-tokens 128 --max-new-tokens 128 --threads "$THREADS" \
   2>>"$RUN/selfinstruct.log"
@@ -85,7 +89,7 @@ snapshot_loop() {  # copy each new stage-2 checkpoint to $RUN/snaps/step-N: the 
   done
 }
 
-echo "[5/7] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
+echo "[5/9] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
 snapshot_loop & SNAPSHOTS=$!
 trap 'kill $SNAPSHOTS 2>/dev/null' EXIT
 done_steps=$(ckpt_step "$RUN/train-si" || echo 0)
@@ -98,8 +102,25 @@ fi
 sleep 25  # the snapshot loop's last copy
 kill $SNAPSHOTS 2>/dev/null || true
 
-echo "[6/7] offline evaluation on the held-out answers, stage 1 and stage 2"
-for stage in stage1 train-si/best; do
+echo "[6/9] bf16 copy of stage 2 (version 3): $RUN/stage2"
+ship "$RUN/train-si/best" "$RUN/stage2" "$RUN/train-si/checkpoint/state.json"
+
+# Stage 3 trains the draft under bf16 autocast and captures the target's states in bf16 where the CPU computes
+# bf16 natively (AMX or AVX512-BF16: 1.4-1.7 s a step on 2 cores with AMX), and in fp32 elsewhere (emulated bf16
+# is about 10x slower there), so its result differs by the rounding of the dtype. Version 4 was trained with AMX.
+if "$BIN/python" -c 'import sys; from specwire.target.cpu import native_bf16; sys.exit(0 if native_bf16() else 1)'; then
+  S3_DTYPE="--dtype bfloat16 --autocast"
+else
+  S3_DTYPE="--dtype float32 --no-autocast"
+fi
+echo "[7/9] stage 3: every self-instruct training conversation, one long schedule ($S3_DTYPE; log: $RUN/train-si2.log)"
+"$BIN/specwire" train --online --target smollm2-135m --data tools/draft/data/selfinstruct --init-draft "$RUN/stage2" \
+  --out "$RUN/train-si2" --ttt-steps 3 --epochs "$S3_EPOCHS" --lr "$S3_LR" --batch-size 8 --eval-every 250 \
+  --save-every 125 --eval-max-samples 96 --select best $S3_DTYPE --threads "$THREADS" \
+  --json >"$RUN/train-si2.json" 2>>"$RUN/train-si2.log"
+
+echo "[8/9] offline evaluation on the held-out answers, stages 1-3"
+for stage in stage1 stage2 train-si2/draft; do
   for set in mtbench humaneval; do
     "$BIN/specwire" eval --draft "$RUN/$stage" --data "$RUN/eval-$set" --split all --json >"$RUN/eval-${stage%%/*}-$set.json"
   done
@@ -110,5 +131,5 @@ cat "$RUN"/eval-*.json
 "$BIN/python" tools/plot_learning_curve.py "$RUN/learning-curve.json" "$RUN/learning-curve.png" \
   --xlabel "self-instruct conversations seen (0: the stage-1 draft)"
 
-echo "[7/7] bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/assets/smollm2-135m-eagle3)"
-ship "$RUN/train-si/best" "$RUN/ship" "$RUN/train-si/checkpoint/state.json"
+echo "[9/9] bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/assets/smollm2-135m-eagle3)"
+ship "$RUN/train-si2/draft" "$RUN/ship"

@@ -78,19 +78,25 @@ ckpt_step() {  # ckpt_step RUN_OUT: the step of its checkpoint (fails when there
   "$BIN/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$1/checkpoint/state.json" 2>/dev/null
 }
 
-snapshot_loop() {  # copy each new stage-2 checkpoint to $RUN/snaps/step-N: the learning curve's points
-  local ck="$RUN/train-si/checkpoint" step
+snapshot_loop() {  # snapshot_loop RUN_OUT SNAPS: copy each new checkpoint to SNAPS/step-N, the learning curve's points
+  local out=$1 snaps=$2 ck="$1/checkpoint" step
   while sleep 20; do
-    step=$(ckpt_step "$RUN/train-si") || continue
-    [ -d "$RUN/snaps/step-$step" ] && continue
-    rm -rf "$RUN/snaps/tmp" && mkdir -p "$RUN/snaps/tmp"
-    cp "$ck/state.json" "$ck/draft.safetensors" "$RUN/snaps/tmp/" 2>/dev/null || continue
-    cmp -s "$ck/state.json" "$RUN/snaps/tmp/state.json" && mv "$RUN/snaps/tmp" "$RUN/snaps/step-$step"  # not torn
+    step=$(ckpt_step "$out") || continue
+    [ -d "$snaps/step-$step" ] && continue
+    rm -rf "$snaps/tmp" && mkdir -p "$snaps/tmp"
+    cp "$ck/state.json" "$ck/draft.safetensors" "$snaps/tmp/" 2>/dev/null || continue
+    cmp -s "$ck/state.json" "$snaps/tmp/state.json" && mv "$snaps/tmp" "$snaps/step-$step"  # not torn
   done
 }
 
+learning_curve() {  # learning_curve RUN_OUT SNAPS NAME XLABEL: score the snapshots on the held-out sets, and plot
+  "$BIN/python" tools/draft/snapshots.py --run "$1" --snaps "$2" --eval mtbench="$RUN/eval-mtbench" \
+    --eval humaneval="$RUN/eval-humaneval" --out "$RUN/$3.json"
+  "$BIN/python" tools/plot_learning_curve.py "$RUN/$3.json" "$RUN/$3.png" --xlabel "$4"
+}
+
 echo "[5/9] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
-snapshot_loop & SNAPSHOTS=$!
+snapshot_loop "$RUN/train-si" "$RUN/snaps" & SNAPSHOTS=$!
 trap 'kill $SNAPSHOTS 2>/dev/null' EXIT
 done_steps=$(ckpt_step "$RUN/train-si" || echo 0)
 if [ "$done_steps" -lt "$SI_STOP" ]; then
@@ -114,10 +120,13 @@ else
   S3_DTYPE="--dtype float32 --no-autocast"
 fi
 echo "[7/9] stage 3: every self-instruct training conversation, one long schedule ($S3_DTYPE; log: $RUN/train-si2.log)"
+snapshot_loop "$RUN/train-si2" "$RUN/snaps-si2" & SNAPSHOTS=$!
 "$BIN/specwire" train --online --target smollm2-135m --data tools/draft/data/selfinstruct --init-draft "$RUN/stage2" \
   --out "$RUN/train-si2" --ttt-steps 3 --epochs "$S3_EPOCHS" --lr "$S3_LR" --batch-size 8 --eval-every 250 \
   --save-every 125 --eval-max-samples 96 --select best $S3_DTYPE --threads "$THREADS" \
   --json >"$RUN/train-si2.json" 2>>"$RUN/train-si2.log"
+sleep 25  # the snapshot loop's last copy
+kill $SNAPSHOTS 2>/dev/null || true
 
 echo "[8/9] offline evaluation on the held-out answers, stages 1-3"
 for stage in stage1 stage2 train-si2/draft; do
@@ -126,10 +135,8 @@ for stage in stage1 stage2 train-si2/draft; do
   done
 done
 cat "$RUN"/eval-*.json
-"$BIN/python" tools/draft/snapshots.py --run "$RUN/train-si" --snaps "$RUN/snaps" --eval mtbench="$RUN/eval-mtbench" \
-  --eval humaneval="$RUN/eval-humaneval" --out "$RUN/learning-curve.json"
-"$BIN/python" tools/plot_learning_curve.py "$RUN/learning-curve.json" "$RUN/learning-curve.png" \
-  --xlabel "self-instruct conversations seen (0: the stage-1 draft)"
+learning_curve "$RUN/train-si" "$RUN/snaps" learning-curve "self-instruct conversations seen (0: the stage-1 draft)"
+learning_curve "$RUN/train-si2" "$RUN/snaps-si2" learning-curve-si2 "self-instruct conversations seen in stage 3 (0: version 3)"
 
 echo "[9/9] bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/assets/smollm2-135m-eagle3)"
 ship "$RUN/train-si2/draft" "$RUN/ship"

@@ -14,7 +14,7 @@ import torch
 from specwire.bench.config import DRAFT_METHODS, METHODS, BenchConfig, BenchReport, PromptRun, parse_methods
 from specwire.bench.report import render_markdown, render_summary, save_plot
 from specwire.bench.run import run_bench
-from specwire.bench.summary import add_speedups, first_difference, summarize, weighted_positions
+from specwire.bench.summary import add_speedups, first_difference, summarize, summarize_by_category, weighted_positions
 from specwire.decode.engine import SpecConfig
 from specwire.errors import SpecwireError
 
@@ -73,6 +73,38 @@ def test_summarize_speedups_lossless_and_draft_metrics_from_numbers():
     assert lookup.first_mismatch == {"prompt_id": "b", "position": 1}
     assert lookup.accept_length is None and lookup.accept_per_position is None  # no draft model
     assert lookup.tokens_per_forward == pytest.approx(6 / 4)
+
+
+def test_by_category_summarises_each_categorys_prompts_alone_and_renders_them(tmp_path):
+    runs = [
+        _run("plain", "w1", [1, 2], 1.0, 2), _run("plain", "w2", [3, 4], 1.0, 2), _run("plain", "m1", [5, 6, 7, 8], 1.0, 4),
+        _run("plain", "x", [9], 1.0, 1),  # a prompt of no known category joins no category
+        _run("eagle3-tree", "w1", [1, 2], 0.5, 2, accept_length=1.0, num_verify_passes=2, accept_counts=[0],
+             reach_counts=[2]),
+        _run("eagle3-tree", "w2", [3, 4], 1.5, 2, accept_length=1.0, num_verify_passes=2, accept_counts=[0],
+             reach_counts=[2]),
+        _run("eagle3-tree", "m1", [5, 6, 7, 8], 0.25, 1, accept_length=4.0, num_verify_passes=1, accept_counts=[1],
+             reach_counts=[1]),
+        _run("eagle3-tree", "x", [9], 1.0, 1, accept_length=1.0, num_verify_passes=1, accept_counts=[0], reach_counts=[1]),
+    ]
+    categories = {"w1": "writing", "w2": "writing", "m1": "math", "x": ""}
+    by = summarize_by_category(runs, ["plain", "eagle3-tree"], categories)
+    assert list(by) == ["writing", "math"]  # first-run order; "" is no category
+    w, m = ({r.method: r for r in by[c]} for c in ("writing", "math"))
+    assert w["plain"].tokens_per_s == pytest.approx(2.0) and w["eagle3-tree"].tokens_per_s == pytest.approx(2.0)
+    assert w["eagle3-tree"].speedup_vs_plain == pytest.approx(1.0) and w["eagle3-tree"].accept_length == pytest.approx(1.0)
+    assert m["eagle3-tree"].speedup_vs_plain == pytest.approx(4.0) and m["eagle3-tree"].accept_per_position == [1.0]
+    assert summarize_by_category(runs, ["plain", "eagle3-tree"], {"w1": "writing", "w2": "writing"}) == {}  # one only
+
+    cfg = BenchConfig(methods=("plain", "eagle3-tree"), max_new_tokens=4, out_dir=str(tmp_path), command="c")
+    rep = BenchReport(config=cfg, results=summarize(runs, cfg.run_methods), prompt_ids=["w1", "w2", "m1", "x"],
+                      machine={"device": "cpu"}, spec=None, runs=runs, categories=categories, by_category=by)
+    md = render_markdown(rep)
+    assert "| writing | 2 | 2.0 | 1.00x, 1.00, 0.00 |" in md and "| math | 1 | 4.0 | 4.00x, 4.00, 1.00 |" in md
+    data = rep.to_dict()["by_category"]
+    assert data["math"]["n_prompts"] == 1 and data["writing"]["results"][1]["speedup_vs_plain"] == pytest.approx(1.0)
+    rep.by_category = {}
+    assert "By prompt category" not in render_markdown(rep)
 
 
 def test_positions_no_pass_reached_are_left_out_not_zero():

@@ -203,6 +203,8 @@ class BenchReport:
     runs: list[PromptRun]  # every (method, prompt) run, in execution order
     notes: list[str] = field(default_factory=list)  # things a reader must know (oracle added, ...)
     run_dir: str | None = None  # where results.md/png/json were written
+    categories: dict[str, str] = field(default_factory=dict)  # prompt id -> its category ("" when unknown)
+    by_category: dict[str, list[MethodResult]] = field(default_factory=dict)  # category -> its results ({}: under two)
 
     def result(self, method: str) -> MethodResult | None:
         return next((r for r in self.results if r.method == method), None)
@@ -236,4 +238,11 @@ class BenchReport:
             "command": self.config.command or self.config.cli_command(),
             "run_dir": self.run_dir,
             "per_prompt": [{**r.summary(), "matches_plain": reference.get(r.prompt_id) == r.output_ids} for r in self.runs],
+            "by_category": {
+                cat: {"n_prompts": sum(self.categories.get(p) == cat for p in self.prompt_ids),
+                      "results": [{"method": r.method, "tokens_per_s": r.tokens_per_s, "accept_length": r.accept_length,
+                                   "speedup_vs_plain": r.speedup_vs_plain, "lossless": r.lossless,
+                                   "accept_per_position": r.accept_per_position} for r in results]}
+                for cat, results in self.by_category.items()
+            },
         }

@@ -7,6 +7,7 @@ The plot uses matplotlib's Agg backend (no display needed).
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from specwire.bench.config import BenchReport
@@ -97,6 +98,26 @@ def speedup_sentence(report: BenchReport) -> str:
     return f"best: {best.method} at {best.tokens_per_s:.1f} tok/s = {' and '.join(parts)}{acc}; {loss}."
 
 
+def render_categories(report: BenchReport) -> str:
+    """Per prompt category: prompts, plain's tok/s, and each draft method's speed-up over plain, accept length and
+    position-0 acceptance ('' unless the prompts hold two or more categories and a draft method ran)."""
+    if not report.by_category:
+        return ""
+    drafts = [r.method for r in next(iter(report.by_category.values())) if r.accept_length is not None]
+    if not drafts:
+        return ""
+    counts = Counter(report.categories.get(pid, "") for pid in report.prompt_ids)  # category -> prompts
+    rows = ["| category | prompts | plain tok/s | " + " | ".join(f"{m}: vs plain, accept length, pos 0" for m in drafts) + " |",
+            "|---|---:|---:|" + "---:|" * len(drafts)]
+    for cat, results in report.by_category.items():
+        by = {r.method: r for r in results}
+        plain = by.get("plain")
+        cells = [f"{_num(by[m].speedup_vs_plain, '{:.2f}x')}, {_num(by[m].accept_length, '{:.2f}')}, "
+                 f"{_num((by[m].accept_per_position or [None])[0], '{:.2f}')}" for m in drafts]
+        rows.append(f"| {cat} | {counts[cat]} | {_num(plain.tokens_per_s if plain else None)} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def render_budgets(report: BenchReport) -> str:
     """One line per draft method: the speculation budgets its rounds ran with, most used first."""
     lines = []
@@ -140,6 +161,11 @@ def render_markdown(report: BenchReport) -> str:
         lines += [f"Speculation budget ({c.spec.budget}): verify rounds run with each choice ('none': plain steps).", "",
                   "```", budgets, "```", ""]
     lines += [speedup_sentence(report), ""]
+    cats = render_categories(report)
+    if cats:
+        lines += ["## By prompt category", "",
+                  "The same runs, summed over each category's prompts alone (speed-up over plain on those prompts; "
+                  "pos 0: the share of rounds whose first draft token was accepted).", "", cats, ""]
     prof = render_profile(report)
     if prof:
         lines += ["## Where the time goes", "",

@@ -35,7 +35,7 @@ from specwire.bench.config import (
     upgrade_settings,
 )
 from specwire.bench.record import RUNS_FILE, append_prompt, resume_record, start_record
-from specwire.bench.summary import summarize
+from specwire.bench.summary import summarize, summarize_by_category
 from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
 from specwire.decode.plain import check_request, plain_generate
 from specwire.errors import SpecwireError
@@ -252,12 +252,14 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
         bar.close()
 
     results = summarize(runs, methods)
+    categories = {rec.id: rec.category for rec in records}
     fallbacks = sorted({str(r.extra["tree_fallback"]) for r in runs if r.extra.get("tree_fallback")})
     if fallbacks:
         notes.append("eagle3-tree ran as a chain on this target: " + "; ".join(fallbacks))
     report = BenchReport(
         config=config, results=results, prompt_ids=[pid for pid, _ in encoded], machine=machine, spec=spec,
-        runs=runs, notes=notes,
+        runs=runs, notes=notes, categories=categories,
+        by_category=summarize_by_category(runs, methods, categories),
     )
     if out is not None:
         report.run_dir = str(write_run_folder(report, out))

@@ -2,7 +2,7 @@
 
 Owns: the first difference between two outputs (the lossless check), tokens per second, accept length
 weighted by verify passes, acceptance per draft position (pooled counts), the draft/verify/other time
-split and the speed-ups over `hf-generate` and over `plain`. Does not run anything (`bench.run`) or
+split, the speed-ups over `hf-generate` and over `plain`, and the same per prompt category. Does not run anything (`bench.run`) or
 format anything (`bench.report`).
 """
 
@@ -100,3 +100,16 @@ def summarize(runs: Sequence[PromptRun], methods: Sequence[str]) -> list[MethodR
     add_speedups(results)
     return results
 
+
+
+def summarize_by_category(runs: Sequence[PromptRun], methods: Sequence[str],
+                          categories: dict[str, str]) -> dict[str, list[MethodResult]]:
+    """`summarize` over each prompt category's runs alone, categories in first-run order.
+
+    `categories` maps prompt id -> category ("" when unknown; such prompts join no category). Returns {} unless
+    the run holds at least two categories: one category is the whole run, already summarised.
+    """
+    order = list(dict.fromkeys(categories[r.prompt_id] for r in runs if categories.get(r.prompt_id)))
+    if len(order) < 2:
+        return {}
+    return {cat: summarize([r for r in runs if categories.get(r.prompt_id) == cat], methods) for cat in order}

@@ -4,7 +4,9 @@
 #   stage 2: the stage-1 draft, trained on, online, over the first self-instruct conversations the target
 #            wrote itself (tools/draft/data/selfinstruct, committed) (version 3);
 #   stage 3: the stage-2 draft, trained on over every self-instruct training conversation in one long
-#            schedule (version 4) -> offline eval -> ship.
+#            schedule (version 4);
+#   stage 4: the stage-3 draft, trained on over them again in a new order at half the peak learning rate
+#            (version 5) -> offline eval -> ship.
 # Every step is resumable: after an interruption, rerun `make draft` and it continues where it stopped.
 # Progress goes to runs/draft/*.log. Sizes can be overridden from the environment.
 #
@@ -28,6 +30,8 @@ SI_LR=${SI_LR:-1e-3}
 SI_STOP=${SI_STOP:-800}   # version 3 stopped its 960-step schedule here (a session's time box); its best validation ships
 S3_EPOCHS=${S3_EPOCHS:-1.2}  # stage 3: passes over all ~19,800 self-instruct training conversations (2,974 steps)
 S3_LR=${S3_LR:-1e-3}
+S4_STEPS=${S4_STEPS:-3000}  # stage 4: steps of 8 over the same conversations, data order seed 1 (about 1.2 passes)
+S4_LR=${S4_LR:-5e-4}
 THREADS=${THREADS:-2}
 mkdir -p "$RUN"
 
@@ -54,22 +58,22 @@ save_draft(load_draft(src), dst, dtype=torch.bfloat16, extra={"training": traini
 PY
 }
 
-echo "[1/9] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
+echo "[1/10] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
 datagen data-pool1 pool 16 --max-samples 512
 datagen data-synthetic pool:synthetic 32
 datagen data-pool2 'pool[512:1000]' 32
 
-echo "[2/9] held-out evaluation data: every MT-bench and HumanEval prompt answered (never used for training)"
+echo "[2/10] held-out evaluation data: every MT-bench and HumanEval prompt answered (never used for training)"
 datagen eval-mtbench mt-bench 8
 datagen eval-humaneval humaneval 8
 
-echo "[3/9] stage 1: training on the pool (log: $RUN/train.log)"
+echo "[3/10] stage 1: training on the pool (log: $RUN/train.log)"
 "$BIN/specwire" train --data "$RUN/data-pool1" "$RUN/data-synthetic" "$RUN/data-pool2" --out "$RUN/train" \
   --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --lr "$LR" --batch-size 8 --eval-every 200 --threads "$THREADS" \
   --json >"$RUN/train.json" 2>"$RUN/train.log"
 ship "$RUN/train/draft" "$RUN/stage1"  # the bf16 copy that shipped as version 2; stage 2 starts from it
 
-echo "[4/9] stage-2 data: the self-instruct conversations (complete in the repository: checked, not regenerated)"
+echo "[4/10] stage-2 data: the self-instruct conversations (complete in the repository: checked, not regenerated)"
 "$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct --conversations 20000 --shard-size 256 \
   --sample-batch 320 --answer-batch 128 --max-request-tokens 128 --max-new-tokens 128 --threads "$THREADS" \
   2>>"$RUN/selfinstruct.log"
@@ -95,7 +99,7 @@ learning_curve() {  # learning_curve RUN_OUT SNAPS NAME XLABEL: score the snapsh
   "$BIN/python" tools/plot_learning_curve.py "$RUN/$3.json" "$RUN/$3.png" --xlabel "$4"
 }
 
-echo "[5/9] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
+echo "[5/10] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
 snapshot_loop "$RUN/train-si" "$RUN/snaps" & SNAPSHOTS=$!
 trap 'kill $SNAPSHOTS 2>/dev/null' EXIT
 done_steps=$(ckpt_step "$RUN/train-si" || echo 0)
@@ -108,7 +112,7 @@ fi
 sleep 25  # the snapshot loop's last copy
 kill $SNAPSHOTS 2>/dev/null || true
 
-echo "[6/9] bf16 copy of stage 2 (version 3): $RUN/stage2"
+echo "[6/10] bf16 copy of stage 2 (version 3): $RUN/stage2"
 ship "$RUN/train-si/best" "$RUN/stage2" "$RUN/train-si/checkpoint/state.json"
 
 # Stage 3 trains the draft under bf16 autocast and captures the target's states in bf16 where the CPU computes
@@ -119,7 +123,7 @@ if "$BIN/python" -c 'import sys; from specwire.target.cpu import native_bf16; sy
 else
   S3_DTYPE="--dtype float32 --no-autocast"
 fi
-echo "[7/9] stage 3: every self-instruct training conversation, one long schedule ($S3_DTYPE; log: $RUN/train-si2.log)"
+echo "[7/10] stage 3: every self-instruct training conversation, one long schedule ($S3_DTYPE; log: $RUN/train-si2.log)"
 snapshot_loop "$RUN/train-si2" "$RUN/snaps-si2" & SNAPSHOTS=$!
 "$BIN/specwire" train --online --target smollm2-135m --data tools/draft/data/selfinstruct --init-draft "$RUN/stage2" \
   --out "$RUN/train-si2" --ttt-steps 3 --epochs "$S3_EPOCHS" --lr "$S3_LR" --batch-size 8 --eval-every 250 \
@@ -128,8 +132,20 @@ snapshot_loop "$RUN/train-si2" "$RUN/snaps-si2" & SNAPSHOTS=$!
 sleep 25  # the snapshot loop's last copy
 kill $SNAPSHOTS 2>/dev/null || true
 
-echo "[8/9] offline evaluation on the held-out answers, stages 1-3"
-for stage in stage1 stage2 train-si2/draft; do
+echo "[8/10] bf16 copy of stage 3 (version 4): $RUN/stage3"
+ship "$RUN/train-si2/draft" "$RUN/stage3" "$RUN/train-si2/checkpoint/state.json"
+
+echo "[9/10] stage 4: the same conversations again, a new order, half the peak lr ($S3_DTYPE; log: $RUN/train-si3.log)"
+snapshot_loop "$RUN/train-si3" "$RUN/snaps-si3" & SNAPSHOTS=$!
+"$BIN/specwire" train --online --target smollm2-135m --data tools/draft/data/selfinstruct --init-draft "$RUN/stage3" \
+  --out "$RUN/train-si3" --ttt-steps 3 --epochs 2 --max-steps "$S4_STEPS" --seed 1 --lr "$S4_LR" --batch-size 8 \
+  --eval-every 250 --save-every 125 --eval-max-samples 96 --select best $S3_DTYPE --threads "$THREADS" \
+  --json >"$RUN/train-si3.json" 2>>"$RUN/train-si3.log"
+sleep 25  # the snapshot loop's last copy
+kill $SNAPSHOTS 2>/dev/null || true
+
+echo "[10/10] offline evaluation on the held-out answers, stages 1-4"
+for stage in stage1 stage2 stage3 train-si3/draft; do
   for set in mtbench humaneval; do
     "$BIN/specwire" eval --draft "$RUN/$stage" --data "$RUN/eval-$set" --split all --json >"$RUN/eval-${stage%%/*}-$set.json"
   done
@@ -137,6 +153,7 @@ done
 cat "$RUN"/eval-*.json
 learning_curve "$RUN/train-si" "$RUN/snaps" learning-curve "self-instruct conversations seen (0: the stage-1 draft)"
 learning_curve "$RUN/train-si2" "$RUN/snaps-si2" learning-curve-si2 "self-instruct conversations seen in stage 3 (0: version 3)"
+learning_curve "$RUN/train-si3" "$RUN/snaps-si3" learning-curve-si3 "self-instruct conversations seen in stage 4 (0: version 4)"
 
-echo "[9/9] bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/assets/smollm2-135m-eagle3)"
-ship "$RUN/train-si2/draft" "$RUN/ship"
+echo "bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/assets/smollm2-135m-eagle3)"
+ship "$RUN/train-si3/draft" "$RUN/ship" "$RUN/train-si3/checkpoint/state.json"

@@ -8,7 +8,7 @@ A training run keeps only its latest checkpoint (OUT/checkpoint) and its best va
 draw accuracy against the number of conversations seen, copy `checkpoint/draft.safetensors` and
 `state.json` to SNAPS/step-N each time the checkpoint changes (tools/draft/build.sh does), then run this:
 each snapshot's weights are loaded into the run's draft geometry and scored with `specwire eval`'s own
-`evaluate` on every held-out dump; the run's starting draft (`init_draft`, if any) is the step-0 point.
+`evaluate` on every held-out dump; the run's starting draft (`init_draft`, if any, or `--init`) is the step-0 point.
 The JSON is resumable (a snapshot already scored is kept) and written atomically;
 `tools/plot_learning_curve.py JSON PNG` draws it.
 """
@@ -50,6 +50,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ttt-steps", type=int, default=5, help="unrolled steps scored (default: 5, as `eval`)")
     ap.add_argument("--max-samples", type=int, default=None, help="score the first N answers of each dump only")
     ap.add_argument("--out", type=Path, required=True, help="learning-curve JSON (resumable)")
+    ap.add_argument("--init", default=None, metavar="DRAFT",
+                    help="the draft scored as step 0 (default: the run's --init-draft). Pass its folder when that was "
+                         "a name that now means another draft, as the shipped name does once a newer draft ships")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -60,7 +63,8 @@ def main(argv=None) -> int:
     target = load_target(config.get("target") or "smollm2-135m", device="cpu", dtype="float32")
     curve = {p["step"]: p for p in (json.loads(args.out.read_text()) if args.out.exists() else [])}
     points = []
-    if config.get("init_draft"):
+    init = args.init or config.get("init_draft")
+    if init:
         points.append((0, None))
     for d in sorted(args.snaps.glob("step-*"), key=lambda p: int(p.name[5:])):
         points.append((int(d.name[5:]), d / "draft.safetensors"))
@@ -69,7 +73,7 @@ def main(argv=None) -> int:
     for step, weights in points:
         if step in curve:
             continue
-        draft = load_draft(config["init_draft"]) if weights is None else snapshot_draft(args.run, weights)
+        draft = load_draft(init) if weights is None else snapshot_draft(args.run, weights)
         curve[step] = {"step": step, "conversations_seen": step * args.batch_size,
                        **score(draft, evals, target, args.ttt_steps, args.max_samples)}
         print(step, {k: round(curve[step][k]["predicted_accept_length"], 3) for k in evals}, flush=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch, in three stages:
+# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch, in four stages:
 #   stage 1: prompt pool -> self-distilled answers + hidden-state dumps -> training (the v2 recipe);
 #   stage 2: the stage-1 draft, trained on, online, over the first self-instruct conversations the target
 #            wrote itself (tools/draft/data/selfinstruct, committed) (version 3);
@@ -115,34 +115,34 @@ kill $SNAPSHOTS 2>/dev/null || true
 echo "[6/10] bf16 copy of stage 2 (version 3): $RUN/stage2"
 ship "$RUN/train-si/best" "$RUN/stage2" "$RUN/train-si/checkpoint/state.json"
 
-# Stage 3 trains the draft under bf16 autocast and captures the target's states in bf16 where the CPU computes
+# Stages 3 and 4 train the draft under bf16 autocast and capture the target's states in bf16 where the CPU computes
 # bf16 natively (AMX or AVX512-BF16: 1.4-1.7 s a step on 2 cores with AMX), and in fp32 elsewhere (emulated bf16
-# is about 10x slower there), so its result differs by the rounding of the dtype. Version 4 was trained with AMX.
+# is about 10x slower there), so their results differ by the rounding of the dtype. Versions 4 and 5 were trained with AMX.
 if "$BIN/python" -c 'import sys; from specwire.target.cpu import native_bf16; sys.exit(0 if native_bf16() else 1)'; then
-  S3_DTYPE="--dtype bfloat16 --autocast"
+  ONLINE_DTYPE="--dtype bfloat16 --autocast"
 else
-  S3_DTYPE="--dtype float32 --no-autocast"
+  ONLINE_DTYPE="--dtype float32 --no-autocast"
 fi
-echo "[7/10] stage 3: every self-instruct training conversation, one long schedule ($S3_DTYPE; log: $RUN/train-si2.log)"
-snapshot_loop "$RUN/train-si2" "$RUN/snaps-si2" & SNAPSHOTS=$!
-"$BIN/specwire" train --online --target smollm2-135m --data tools/draft/data/selfinstruct --init-draft "$RUN/stage2" \
-  --out "$RUN/train-si2" --ttt-steps 3 --epochs "$S3_EPOCHS" --lr "$S3_LR" --batch-size 8 --eval-every 250 \
-  --save-every 125 --eval-max-samples 96 --select best $S3_DTYPE --threads "$THREADS" \
-  --json >"$RUN/train-si2.json" 2>>"$RUN/train-si2.log"
-sleep 25  # the snapshot loop's last copy
-kill $SNAPSHOTS 2>/dev/null || true
+
+online_stage() {  # online_stage OUT SNAPS INIT [train args...]: the init draft trained on over self-instruct
+  # online, in $ONLINE_DTYPE, each checkpoint copied to SNAPS (resumes from OUT's checkpoint when rerun)
+  local out=$1 snaps=$2 init=$3; shift 3
+  snapshot_loop "$out" "$snaps" & SNAPSHOTS=$!
+  "$BIN/specwire" train --online --target smollm2-135m --data tools/draft/data/selfinstruct --init-draft "$init" \
+    --out "$out" --ttt-steps 3 --batch-size 8 --eval-every 250 --save-every 125 --eval-max-samples 96 --select best \
+    $ONLINE_DTYPE --threads "$THREADS" "$@" --json >"$out.json" 2>>"$out.log"
+  sleep 25  # the snapshot loop's last copy
+  kill $SNAPSHOTS 2>/dev/null || true
+}
+
+echo "[7/10] stage 3: every self-instruct training conversation, one long schedule ($ONLINE_DTYPE; log: $RUN/train-si2.log)"
+online_stage "$RUN/train-si2" "$RUN/snaps-si2" "$RUN/stage2" --epochs "$S3_EPOCHS" --lr "$S3_LR"
 
 echo "[8/10] bf16 copy of stage 3 (version 4): $RUN/stage3"
 ship "$RUN/train-si2/draft" "$RUN/stage3" "$RUN/train-si2/checkpoint/state.json"
 
-echo "[9/10] stage 4: the same conversations again, a new order, half the peak lr ($S3_DTYPE; log: $RUN/train-si3.log)"
-snapshot_loop "$RUN/train-si3" "$RUN/snaps-si3" & SNAPSHOTS=$!
-"$BIN/specwire" train --online --target smollm2-135m --data tools/draft/data/selfinstruct --init-draft "$RUN/stage3" \
-  --out "$RUN/train-si3" --ttt-steps 3 --epochs 2 --max-steps "$S4_STEPS" --seed 1 --lr "$S4_LR" --batch-size 8 \
-  --eval-every 250 --save-every 125 --eval-max-samples 96 --select best $S3_DTYPE --threads "$THREADS" \
-  --json >"$RUN/train-si3.json" 2>>"$RUN/train-si3.log"
-sleep 25  # the snapshot loop's last copy
-kill $SNAPSHOTS 2>/dev/null || true
+echo "[9/10] stage 4: the same conversations again, a new order, half the peak lr ($ONLINE_DTYPE; log: $RUN/train-si3.log)"
+online_stage "$RUN/train-si3" "$RUN/snaps-si3" "$RUN/stage3" --epochs 2 --max-steps "$S4_STEPS" --seed 1 --lr "$S4_LR"
 
 echo "[10/10] offline evaluation on the held-out answers, stages 1-4"
 for stage in stage1 stage2 stage3 train-si3/draft; do

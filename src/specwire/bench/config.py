@@ -209,6 +209,10 @@ class BenchReport:
     def result(self, method: str) -> MethodResult | None:
         return next((r for r in self.results if r.method == method), None)
 
+    def prompts_in(self, category: str) -> int:
+        """How many of the run's prompts belong to `category`."""
+        return sum(self.categories.get(p) == category for p in self.prompt_ids)
+
     @property
     def best_draft_method(self) -> MethodResult | None:
         cands = [r for r in self.results if r.method in DRAFT_METHODS]
@@ -239,7 +243,7 @@ class BenchReport:
             "run_dir": self.run_dir,
             "per_prompt": [{**r.summary(), "matches_plain": reference.get(r.prompt_id) == r.output_ids} for r in self.runs],
             "by_category": {
-                cat: {"n_prompts": sum(self.categories.get(p) == cat for p in self.prompt_ids),
+                cat: {"n_prompts": self.prompts_in(cat),
                       "results": [{"method": r.method, "tokens_per_s": r.tokens_per_s, "accept_length": r.accept_length,
                                    "speedup_vs_plain": r.speedup_vs_plain, "lossless": r.lossless,
                                    "accept_per_position": r.accept_per_position} for r in results]}

@@ -7,7 +7,6 @@ The plot uses matplotlib's Agg backend (no display needed).
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 from specwire.bench.config import BenchReport
@@ -106,7 +105,6 @@ def render_categories(report: BenchReport) -> str:
     drafts = [r.method for r in next(iter(report.by_category.values())) if r.accept_length is not None]
     if not drafts:
         return ""
-    counts = Counter(report.categories.get(pid, "") for pid in report.prompt_ids)  # category -> prompts
     rows = ["| category | prompts | plain tok/s | " + " | ".join(f"{m}: vs plain, accept length, pos 0" for m in drafts) + " |",
             "|---|---:|---:|" + "---:|" * len(drafts)]
     for cat, results in report.by_category.items():
@@ -114,7 +112,7 @@ def render_categories(report: BenchReport) -> str:
         plain = by.get("plain")
         cells = [f"{_num(by[m].speedup_vs_plain, '{:.2f}x')}, {_num(by[m].accept_length, '{:.2f}')}, "
                  f"{_num((by[m].accept_per_position or [None])[0], '{:.2f}')}" for m in drafts]
-        rows.append(f"| {cat} | {counts[cat]} | {_num(plain.tokens_per_s if plain else None)} | " + " | ".join(cells) + " |")
+        rows.append(f"| {cat} | {report.prompts_in(cat)} | {_num(plain.tokens_per_s if plain else None)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 

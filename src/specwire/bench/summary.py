@@ -2,8 +2,8 @@
 
 Owns: the first difference between two outputs (the lossless check), tokens per second, accept length
 weighted by verify passes, acceptance per draft position (pooled counts), the draft/verify/other time
-split, the speed-ups over `hf-generate` and over `plain`, and the same per prompt category. Does not run anything (`bench.run`) or
-format anything (`bench.report`).
+split, the speed-ups over `hf-generate` and over `plain`, and the same per prompt category. Does not run
+anything (`bench.run`) or format anything (`bench.report`).
 """
 
 from __future__ import annotations
@@ -99,7 +99,6 @@ def summarize(runs: Sequence[PromptRun], methods: Sequence[str]) -> list[MethodR
     results = [summarize_method(m, [r for r in runs if r.method == m], reference) for m in methods]
     add_speedups(results)
     return results
-
 
 
 def summarize_by_category(runs: Sequence[PromptRun], methods: Sequence[str],

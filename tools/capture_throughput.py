@@ -28,6 +28,7 @@ from specwire.data.dump import DUMP_DTYPES, read_conversations
 from specwire.target.capture import capture_packed
 from specwire.target.load import BUILTIN_TARGET, load_target
 from specwire.wiring import default_hs_ids
+from specwire.target.heap import keep_freed_memory
 
 
 def sync(device: torch.device) -> None:
@@ -50,6 +51,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    keep_freed_memory()  # the heap the command line runs with (target.heap)
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -34,6 +34,7 @@ from specwire.decode.kernels import describe_features
 from specwire.safeio import write_json, write_text
 from specwire.target.cpu import cpu_model
 from specwire.target.load import load_target
+from specwire.target.heap import keep_freed_memory
 
 # (name, engine, dtype, rows, attention)
 CONFIGS = (
@@ -77,6 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="docs/bench/datagen")
     args = ap.parse_args(argv)
+    keep_freed_memory()  # the heap the command line runs with (target.heap)
     torch.set_num_threads(args.threads)
     records = load_prompts(args.prompts, limit=args.limit)
     targets: dict[tuple[str, str], object] = {}

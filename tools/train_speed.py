@@ -25,6 +25,7 @@ from specwire.safeio import write_json, write_text
 from specwire.target.cpu import cpu_model
 from specwire.training.config import TrainConfig
 from specwire.training.trainer import train
+from specwire.target.heap import keep_freed_memory
 
 CONFIGS = (("draft fp32", {"autocast": False}), ("draft bf16 autocast", {"autocast": True}))
 
@@ -38,6 +39,7 @@ def main() -> int:
     p.add_argument("--target-dtype", default="bfloat16")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    keep_freed_memory()  # the heap the command line runs with (target.heap)
     torch.set_num_threads(args.threads)
     rates: dict[str, list[float]] = {name: [] for name, _ in CONFIGS}
     with tempfile.TemporaryDirectory() as tmp:

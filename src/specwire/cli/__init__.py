@@ -56,9 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specwire.target.heap import keep_freed_memory
+
+    heap = keep_freed_memory()  # before any large tensor: freed blocks are reused, not unmapped (target.heap)
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    logging.getLogger("specwire").info("heap: %s", heap)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

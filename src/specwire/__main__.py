@@ -2,6 +2,6 @@
 
 import sys
 
-from specwire.cli import main
+from specwire.cli import run
 
-sys.exit(main())
+sys.exit(run())

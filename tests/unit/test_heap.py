@@ -53,3 +53,19 @@ def test_freed_large_blocks_stay_in_the_heap():
     assert kept["what"] == "reuse" and default["what"] == "system"
     assert kept["free_in_heap"] >= 64 << 20  # the freed block is still the heap's, ready for the next tensor
     assert default["free_in_heap"] < 64 << 20  # glibc's default: mapped for the block, unmapped on free
+
+
+def test_the_process_entry_points_set_the_heap_for_batch_commands_only():
+    """The `specwire` script and `python -m specwire` go through `cli.run`; it sets the heap for the batch
+    commands where it measured faster, and `cli.main` as tests call it in-process leaves the heap alone."""
+    from importlib.metadata import entry_points
+    from pathlib import Path
+
+    import specwire
+    from specwire import cli
+
+    assert entry_points(group="console_scripts")["specwire"].value == "specwire.cli:run"
+    assert "run()" in (Path(specwire.__file__).parent / "__main__.py").read_text()
+    assert cli.REUSE_HEAP_COMMANDS == {"datagen", "selfinstruct", "train"}
+    for name in cli.REUSE_HEAP_COMMANDS:  # each is a real subcommand
+        assert name in cli.build_parser()._subparsers._group_actions[0].choices

@@ -33,6 +33,11 @@ COMMAND_MODULES = [
     "specwire.cli.serve",
 ]
 
+# Batch commands whose passes allocate and free tensors of megabytes, where reusing freed heap blocks measured
+# faster (datagen 1.14x, train 1.22x; `target.heap`). Decoding and serving gained nothing measurable, so they keep
+# glibc's defaults and the memory a long-lived process would otherwise hold.
+REUSE_HEAP_COMMANDS = frozenset({"datagen", "selfinstruct", "train"})
+
 EPILOG = """\
 The wiring contract: every dump, checkpoint and engine carries the hidden-state ids the draft reads
 (hs-index convention: 0 = embeddings, i = input of layer i, L = last layer before the final norm),
@@ -55,14 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    from specwire.target.heap import keep_freed_memory
-
-    heap = keep_freed_memory()  # before any large tensor: freed blocks are reused, not unmapped (target.heap)
+def main(argv: list[str] | None = None, *, process: bool = False) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if process and args.command in REUSE_HEAP_COMMANDS:
+        from specwire.target.heap import keep_freed_memory
+
+        keep_freed_memory()  # before the command's first large tensor
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    logging.getLogger("specwire").info("heap: %s", heap)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -81,5 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     return int(rc or 0)
 
 
+def run() -> int:
+    """The process's entry point (the `specwire` script, `python -m specwire`): `main`, with the process-wide
+    settings only a whole process may make. Tests call `main` and keep their own."""
+    return main(process=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -69,3 +69,40 @@ def test_the_process_entry_points_set_the_heap_for_batch_commands_only():
     assert cli.REUSE_HEAP_COMMANDS == {"datagen", "selfinstruct", "train"}
     for name in cli.REUSE_HEAP_COMMANDS:  # each is a real subcommand
         assert name in cli.build_parser()._subparsers._group_actions[0].choices
+
+
+RELEASE_PROBE = r"""
+import ctypes, json, os
+from specwire.target.heap import keep_freed_memory, release_freed_memory
+
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+what = keep_freed_memory()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+blocks = [libc.malloc(64 << 20) for _ in range(4)]
+for b in blocks:
+    ctypes.memset(b, 1, 64 << 20)
+keep = libc.malloc(1 << 20)  # a live block above them: the freed ones are not at the top of the heap
+for b in blocks:
+    libc.free(b)
+before = rss_mb()
+ran = release_freed_memory()
+print(json.dumps({"what": what, "ran": ran, "before": before, "after": rss_mb()}))
+"""
+
+
+def test_release_hands_free_heap_pages_back():
+    if not GLIBC:
+        return  # keep_freed_memory changes nothing there (asserted above), so there is nothing to release
+    env = {k: v for k, v in os.environ.items() if k != HEAP_ENV}
+    r = json.loads(subprocess.run([sys.executable, "-c", RELEASE_PROBE], env=env, capture_output=True, text=True,
+                                  check=True).stdout)
+    assert r["what"] == "reuse" and r["ran"]
+    assert r["before"] - r["after"] >= 200  # MB: the 256 MB freed below a live block went back to the OS
+    env[HEAP_ENV] = "system"
+    r = json.loads(subprocess.run([sys.executable, "-c", RELEASE_PROBE], env=env, capture_output=True, text=True,
+                                  check=True).stdout)
+    assert r["what"] == "system" and not r["ran"]

@@ -50,6 +50,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 from specwire.decode.sampling import SamplingParams, make_generator, next_token
 from specwire.errors import SpecwireError
 from specwire.target.attention import INVARIANT_NAMES
+from specwire.target.heap import release_freed_memory
 from specwire.target.load import Target
 
 COMPACT_MARGIN = 64  # buffer columns beyond the longest sequence: steps between two compactions, at least
@@ -322,6 +323,7 @@ def generate_continuous(target: Target, requests: Sequence[Request], *, slots: i
         raise SpecwireError(f"continuous batching cannot run target '{target.info.name}': {why}.",
                             fix="use --batching padded (HF generate on padded batches).")
     batch = _Batch(target, requests, slots, params, seed, on_done)
+    results = batch.results
     batch.admit(list(range(batch.slots)))
     while True:
         free = batch.retire_finished()
@@ -334,4 +336,6 @@ def generate_continuous(target: Target, requests: Sequence[Request], *, slots: i
         if not batch.pending and live <= RETIRE_FRACTION * len(batch.rows):
             batch.drop_free_rows()
         batch.step()
-    return batch.results
+    del batch  # its slot cache: the largest blocks of the phase
+    release_freed_memory()  # where the heap keeps freed blocks (`target.heap`), hand them back between calls
+    return results

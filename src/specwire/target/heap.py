@@ -17,9 +17,9 @@ How: `mallopt(M_MMAP_THRESHOLD, 1 GiB)` serves blocks up to 1 GiB from the heap,
 that are already there. The cost is memory: free blocks that are not at the top of the heap are never
 returned, and fragmentation makes more of them. Two self-instruct builds of many shards held 11.6 GB each,
 against a 3.35 GB peak for one shard, and would have run this machine out of memory. So a long job calls
-`release_freed_memory` between phases (continuous batching does, at the end of each call): glibc's
-`malloc_trim(0)` returns every free page of the heap to the OS. The next phase faults those pages in once,
-and then reuses them for all its steps. Decoding and serving gained nothing measurable, so they keep glibc's
+`release_freed_memory` between phases (continuous batching at the end of each call, training at each
+checkpoint): glibc's `malloc_trim(0)` returns every free page of the heap to the OS. The next phase faults
+those pages in once, and then reuses them for all its steps. Decoding and serving gained nothing measurable, so they keep glibc's
 defaults.
 
 Limits: glibc only (Linux). Elsewhere, or with `SPECWIRE_HEAP=system` in the environment, nothing is

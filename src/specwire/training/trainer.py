@@ -34,6 +34,7 @@ from specwire.draft.checkpoint import save_draft
 from specwire.draft.model import DraftConfig, Eagle3Draft
 from specwire.errors import SpecwireError
 from specwire.safeio import atomic_path
+from specwire.target.heap import release_freed_memory
 from specwire.training.batches import (DataSet, epoch_batches, load_run_data, manifest_target, materialize,
                                        micro_batches, rank_share)
 from specwire.training.checkpoint import load_checkpoint, recover_run_folder, save_checkpoint
@@ -395,6 +396,7 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
             if d.main:
                 save_checkpoint(ckpt_dir, draft=draft, optimizer=opt, step=step, config=config, total_steps=total)
             d.barrier()
+            release_freed_memory()  # where the heap keeps freed blocks (`target.heap`): hand them back now and then
     elapsed = time.perf_counter() - t0
     if bar is not None:
         bar.close()

@@ -37,7 +37,6 @@ from specwire.draft.checkpoint import load_draft
 from specwire.safeio import write_json, write_text
 from specwire.target.fastlinear import linear_kind, rowdot_linears
 from specwire.target.hardware import measure_pass_ms
-from specwire.target.heap import keep_freed_memory
 
 WIDTHS = (1, 2, 3, 4)
 CHAIN_STEPS = (1, 2, 3, 4, 5)
@@ -109,7 +108,6 @@ def main(argv=None) -> int:
     ap.add_argument("--linear", default="auto", help="the target's, as in decoding (default: %(default)s)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    keep_freed_memory()  # the heap the command line runs with (target.heap)
     torch.set_num_threads(args.threads)
     target = load_decoding_target(args.target, dtype=args.dtype, linear=args.linear)
     drafts = forms(args.draft, target)

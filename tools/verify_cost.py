@@ -32,7 +32,6 @@ from specwire.target.fastlinear import RowDotLinear, linear_min_rows
 from specwire.target.hardware import KernelChoice, measure_curve
 from specwire.target import rowdot
 from specwire.target.load import load_target
-from specwire.target.heap import keep_freed_memory
 
 SHOWN = (1, 2, 4, 6, 8, 12, 16, 17)
 
@@ -45,7 +44,6 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--out", default="docs/bench/verify-cost")
     args = ap.parse_args(argv)
-    keep_freed_memory()  # the heap the command line runs with (target.heap)
     torch.set_num_threads(args.threads)
     curves, rows = {}, {}
     for kernel in candidate_kernels("cpu"):

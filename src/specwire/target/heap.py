@@ -2,8 +2,8 @@
 
 Scope: `keep_freed_memory`, called once by the command line's batch commands (`cli.REUSE_HEAP_COMMANDS`)
 before their first large tensor; `release_freed_memory`, which hands the heap's free pages back between phases
-of work; and `HEAP_ENV`, the switch that turns both off. Does not allocate, and changes no arithmetic: only where a tensor's memory
-comes from.
+of work; and `HEAP_ENV`, the switch that turns both off. Does not allocate, and changes no arithmetic: only
+where a tensor's memory comes from.
 
 Why: glibc serves a large allocation (above a threshold of 128 kB to 32 MB) with a fresh `mmap` and
 unmaps it when it is freed. Every pass of a model on CPU allocates and frees tensors of megabytes (a
@@ -19,8 +19,8 @@ returned, and fragmentation makes more of them. Two self-instruct builds of many
 against a 3.35 GB peak for one shard, and would have run this machine out of memory. So a long job calls
 `release_freed_memory` between phases (continuous batching at the end of each call, training at each
 checkpoint): glibc's `malloc_trim(0)` returns every free page of the heap to the OS. The next phase faults
-those pages in once, and then reuses them for all its steps. Decoding and serving gained nothing measurable, so they keep glibc's
-defaults.
+those pages in once, and then reuses them for all its steps. Decoding and serving gained nothing measurable,
+so they keep glibc's defaults.
 
 Limits: glibc only (Linux). Elsewhere, or with `SPECWIRE_HEAP=system` in the environment, nothing is
 changed. The setting affects C allocations made after the call, so the command line makes it first.

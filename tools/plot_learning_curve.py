@@ -1,12 +1,19 @@
-"""Plot a learning curve (held-out accuracy of training snapshots) as a PNG.
+"""Plot a learning curve (held-out accuracy of training snapshots, or of every shipped version) as a PNG.
 
     python tools/plot_learning_curve.py                      # version 2: docs/draft-build/learning-curve.png
     python tools/plot_learning_curve.py docs/draft-build/learning-curve-v3.json docs/draft-build/learning-curve-v3.png \\
         --xlabel "self-instruct conversations seen (0: the stage-1 draft)"
+    python tools/plot_learning_curve.py docs/draft-build/versions.json docs/draft-build/versions.png
 
-The JSON is a list of points, each with `conversations_seen` and, per held-out set, the `specwire eval`
+A stage's JSON is a list of points, each with `conversations_seen` and, per held-out set, the `specwire eval`
 result (`step_accuracy`, `predicted_accept_length`): what `tools/draft/snapshots.py` writes. Left: step-0
 accuracy; right: predicted chain accept length; x: conversations the draft had seen.
+
+Each stage's curve starts from the version before it. `versions.json` joins them: `{"versions": [...]}`, one
+record per shipped version, `{"version", "distinct_conversations", "conversations_seen", "mtbench":
+{"accept_length", "step0"}, "humaneval": {...}, "source"}`, its figures copied from the `specwire eval` JSON
+named in `source`. Its plot has one point per version at the conversations seen over all its stages, labelled
+with the distinct training conversations in their data, and the accept-length goals drawn across.
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from specwire.errors import SpecwireError  # noqa: E402
 from specwire.safeio import atomic_path  # noqa: E402
 
 BUILD = Path(__file__).resolve().parents[1] / "docs" / "draft-build"
 LABELS = {"mtbench": "MT-bench", "humaneval": "HumanEval"}
+GOALS = {"mtbench": 2.2, "humaneval": 2.4}  # the draft issue's held-out accept-length bars
 
 
 def plot(curve: list[dict], png: Path, *, xlabel: str, vline: float | None = None,
@@ -42,6 +51,44 @@ def plot(curve: list[dict], png: Path, *, xlabel: str, vline: float | None = Non
             ax.axvline(vline, color="grey", lw=0.8, ls=":")
         ax.legend()
     fig.suptitle(title)
+    _save(fig, png)
+
+
+def check_versions(doc: dict, where: Path) -> list[dict]:
+    """The version records of a versions.json, each with every field the plot reads (else a clear error)."""
+    records = doc.get("versions")
+    if not isinstance(records, list) or not records:
+        raise SpecwireError(f"{where}: field 'versions': expected a non-empty list of records, found "
+                            f"{type(records).__name__}.")
+    for i, r in enumerate(records):
+        for key in ("version", "distinct_conversations", "conversations_seen", *GOALS):
+            if key not in r:
+                raise SpecwireError(f"{where}: record {i} has no field {key!r}.")
+        for key in GOALS:
+            if not isinstance(r[key].get("accept_length"), (int, float)):
+                raise SpecwireError(f"{where}: record {i} ({r['version']}): {key}.accept_length is not a number.")
+    return records
+
+
+def plot_versions(records: list[dict], png: Path) -> None:
+    x = [r["conversations_seen"] for r in records]
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for key, goal in GOALS.items():
+        line, = ax.plot(x, [r[key]["accept_length"] for r in records], marker="o", label=f"{LABELS[key]} (goal {goal})")
+        ax.axhline(goal, color=line.get_color(), lw=0.8, ls="--")
+    for r, xi in zip(records, x):  # one label per version, above its higher point
+        top = max(r[key]["accept_length"] for key in GOALS)
+        ax.annotate(f"{r['version']}\n{r['distinct_conversations'] / 1000:.1f}k", (xi, top), textcoords="offset points",
+                    xytext=(0, 8), ha="center", fontsize=8)
+    ax.set_xlabel("conversations seen in training, all stages (label: distinct conversations in its data)")
+    ax.set_ylabel("predicted chain accept length (5 steps, held out)")
+    ax.set_title("smollm2-135m-eagle3: held-out accept length by version")
+    ax.set_ylim(top=max(GOALS.values()) + 0.15)
+    ax.legend(loc="lower right")
+    _save(fig, png)
+
+
+def _save(fig, png: Path) -> None:
     fig.tight_layout()
     with atomic_path(png) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
@@ -55,7 +102,14 @@ def main(argv=None) -> int:
     ap.add_argument("--vline", type=float, default=None, help="a dotted line at this x (default: 3160 for version 2)")
     args = ap.parse_args(argv)
     vline = args.vline if args.vline is not None or args.src != BUILD / "learning-curve.json" else 3160
-    plot(json.loads(args.src.read_text()), args.png, xlabel=args.xlabel, vline=vline)
+    doc = json.loads(args.src.read_text())
+    try:
+        if isinstance(doc, dict):
+            plot_versions(check_versions(doc, args.src), args.png)
+        else:
+            plot(doc, args.png, xlabel=args.xlabel, vline=vline)
+    except SpecwireError as e:
+        raise SystemExit(f"error: {e}") from None
     return 0
 
 

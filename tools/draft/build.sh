@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch, in four stages:
+# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch, in five stages:
 #   stage 1: prompt pool -> self-distilled answers + hidden-state dumps -> training (the v2 recipe);
 #   stage 2: the stage-1 draft, trained on, online, over the first self-instruct conversations the target
 #            wrote itself (tools/draft/data/selfinstruct, committed) (version 3);
 #   stage 3: the stage-2 draft, trained on over every self-instruct training conversation in one long
 #            schedule (version 4);
 #   stage 4: the stage-3 draft, trained on over them again in a new order at half the peak learning rate
-#            (version 5) -> offline eval -> ship.
+#            (version 5);
+#   stage 5: the stage-4 draft, trained on over both self-instruct builds (tools/draft/data/selfinstruct and
+#            tools/draft/data/selfinstruct-s1, 38,912 conversations, half of them new) -> offline eval -> ship.
 # Every step is resumable: after an interruption, rerun `make draft` and it continues where it stopped.
 # Progress goes to runs/draft/*.log. Sizes can be overridden from the environment.
 #
@@ -17,8 +19,10 @@
 #   pool[512:1000]  488 more code + Shakespeare/Milton prompts
 # Stage-2 data: the self-instruct conversations (docs/PROMPT_POOL.md). Versions 3-5 learnt from shards 0-78
 # (20,224 conversations); `specwire selfinstruct` below finds those complete and only checks them. The build
-# goes on growing past them for the next stage, so stages 3 and 4 name their window (`SI_ALL`). Target states
-# are captured per batch (--online): no dump.
+# goes on growing past them for the next stage, so stages 3 and 4 name their window (`SI_ALL`). Stage 5 reads shards
+# 0-116 of that build and shards 0-34 of a second one made with `--seed 1` (38,912 conversations); its window
+# (`SI5_ALL`) is their training conversations, the main build's first, so growth belongs in the second build or a
+# third folder, never in the main build. Target states are captured per batch (--online): no dump.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -35,6 +39,9 @@ S3_EPOCHS=${S3_EPOCHS:-1.2}  # stage 3: passes over all ~19,800 self-instruct tr
 S3_LR=${S3_LR:-1e-3}
 S4_STEPS=${S4_STEPS:-3000}  # stage 4: steps of 8 over the same conversations, data order seed 1 (about 1.2 passes)
 S4_LR=${S4_LR:-5e-4}
+SI5_ALL=${SI5_ALL:-38132}  # stage 5: the training conversations of both builds (38,912 less the 780 of the validation split)
+S5_STEPS=${S5_STEPS:-4000}  # stage 5: steps of 8, data order seed 2 (0.84 of a pass)
+S5_LR=${S5_LR:-5e-4}
 THREADS=${THREADS:-2}
 mkdir -p "$RUN"
 
@@ -61,25 +68,27 @@ save_draft(load_draft(src), dst, dtype=torch.bfloat16, extra={"training": traini
 PY
 }
 
-echo "[1/10] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
+echo "[1/12] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
 datagen data-pool1 pool 16 --max-samples 512
 datagen data-synthetic pool:synthetic 32
 datagen data-pool2 'pool[512:1000]' 32
 
-echo "[2/10] held-out evaluation data: every MT-bench and HumanEval prompt answered (never used for training)"
+echo "[2/12] held-out evaluation data: every MT-bench and HumanEval prompt answered (never used for training)"
 datagen eval-mtbench mt-bench 8
 datagen eval-humaneval humaneval 8
 
-echo "[3/10] stage 1: training on the pool (log: $RUN/train.log)"
+echo "[3/12] stage 1: training on the pool (log: $RUN/train.log)"
 "$BIN/specwire" train --data "$RUN/data-pool1" "$RUN/data-synthetic" "$RUN/data-pool2" --out "$RUN/train" \
   --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --lr "$LR" --batch-size 8 --eval-every 200 --threads "$THREADS" \
   --json >"$RUN/train.json" 2>"$RUN/train.log"
 ship "$RUN/train/draft" "$RUN/stage1"  # the bf16 copy that shipped as version 2; stage 2 starts from it
 
-echo "[4/10] stage-2 data: the self-instruct conversations (complete in the repository: checked, not regenerated)"
-"$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct --conversations 20000 --shard-size 256 \
-  --sample-batch 320 --answer-batch 128 --max-request-tokens 128 --max-new-tokens 128 --threads "$THREADS" \
-  2>>"$RUN/selfinstruct.log"
+echo "[4/12] stages 2-5 data: the two self-instruct builds (complete in the repository: checked, not regenerated)"
+SI_ARGS=(--shard-size 256 --sample-batch 320 --answer-batch 128 --max-request-tokens 128 --max-new-tokens 128)
+"$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct --conversations 29952 "${SI_ARGS[@]}" \
+  --threads "$THREADS" 2>>"$RUN/selfinstruct.log"
+"$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct-s1 --seed 1 --conversations 8960 "${SI_ARGS[@]}" \
+  --threads "$THREADS" 2>>"$RUN/selfinstruct.log"
 
 ckpt_step() {  # ckpt_step RUN_OUT: the step of its checkpoint (fails when there is none)
   "$BIN/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$1/checkpoint/state.json" 2>/dev/null
@@ -102,7 +111,7 @@ learning_curve() {  # learning_curve RUN_OUT SNAPS NAME XLABEL: score the snapsh
   "$BIN/python" tools/plot_learning_curve.py "$RUN/$3.json" "$RUN/$3.png" --xlabel "$4"
 }
 
-echo "[5/10] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
+echo "[5/12] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
 snapshot_loop "$RUN/train-si" "$RUN/snaps" & SNAPSHOTS=$!
 trap 'kill $SNAPSHOTS 2>/dev/null' EXIT
 done_steps=$(ckpt_step "$RUN/train-si" || echo 0)
@@ -115,7 +124,7 @@ fi
 sleep 25  # the snapshot loop's last copy
 kill $SNAPSHOTS 2>/dev/null || true
 
-echo "[6/10] bf16 copy of stage 2 (version 3): $RUN/stage2"
+echo "[6/12] bf16 copy of stage 2 (version 3): $RUN/stage2"
 ship "$RUN/train-si/best" "$RUN/stage2" "$RUN/train-si/checkpoint/state.json"
 
 # Stages 3 and 4 train the draft under bf16 autocast and capture the target's states in bf16 where the CPU computes
@@ -127,28 +136,38 @@ else
   ONLINE_DTYPE="--dtype float32 --no-autocast"
 fi
 
-online_stage() {  # online_stage OUT SNAPS INIT [train args...]: the init draft trained on over self-instruct
+SI_DATA="tools/draft/data/selfinstruct"  # what online_stage trains on (stage 5 adds the second build)
+
+online_stage() {  # online_stage OUT SNAPS INIT [train args...]: the init draft trained on over $SI_DATA
   # online, in $ONLINE_DTYPE, each checkpoint copied to SNAPS (resumes from OUT's checkpoint when rerun)
   local out=$1 snaps=$2 init=$3; shift 3
   snapshot_loop "$out" "$snaps" & SNAPSHOTS=$!
-  "$BIN/specwire" train --online --target smollm2-135m --data tools/draft/data/selfinstruct --init-draft "$init" \
+  # shellcheck disable=SC2086  # SI_DATA is a list of folders
+  "$BIN/specwire" train --online --target smollm2-135m --data $SI_DATA --init-draft "$init" \
     --out "$out" --ttt-steps 3 --batch-size 8 --eval-every 250 --save-every 125 --eval-max-samples 96 --select best \
     $ONLINE_DTYPE --threads "$THREADS" "$@" --json >"$out.json" 2>>"$out.log"
   sleep 25  # the snapshot loop's last copy
   kill $SNAPSHOTS 2>/dev/null || true
 }
 
-echo "[7/10] stage 3: every self-instruct training conversation, one long schedule ($ONLINE_DTYPE; log: $RUN/train-si2.log)"
+echo "[7/12] stage 3: every self-instruct training conversation, one long schedule ($ONLINE_DTYPE; log: $RUN/train-si2.log)"
 online_stage "$RUN/train-si2" "$RUN/snaps-si2" "$RUN/stage2" --max-train-samples "$SI_ALL" --epochs "$S3_EPOCHS" --lr "$S3_LR"
 
-echo "[8/10] bf16 copy of stage 3 (version 4): $RUN/stage3"
+echo "[8/12] bf16 copy of stage 3 (version 4): $RUN/stage3"
 ship "$RUN/train-si2/draft" "$RUN/stage3" "$RUN/train-si2/checkpoint/state.json"
 
-echo "[9/10] stage 4: the same conversations again, a new order, half the peak lr ($ONLINE_DTYPE; log: $RUN/train-si3.log)"
+echo "[9/12] stage 4: the same conversations again, a new order, half the peak lr ($ONLINE_DTYPE; log: $RUN/train-si3.log)"
 online_stage "$RUN/train-si3" "$RUN/snaps-si3" "$RUN/stage3" --max-train-samples "$SI_ALL" --epochs 2 --max-steps "$S4_STEPS" --seed 1 --lr "$S4_LR"
 
-echo "[10/10] offline evaluation on the held-out answers, stages 1-4"
-for stage in stage1 stage2 stage3 train-si3/draft; do
+echo "[10/12] bf16 copy of stage 4 (version 5): $RUN/stage4"
+ship "$RUN/train-si3/draft" "$RUN/stage4" "$RUN/train-si3/checkpoint/state.json"
+
+echo "[11/12] stage 5: both self-instruct builds, half of them new to the draft ($ONLINE_DTYPE; log: $RUN/train-si4.log)"
+SI_DATA="tools/draft/data/selfinstruct tools/draft/data/selfinstruct-s1"
+online_stage "$RUN/train-si4" "$RUN/snaps-si4" "$RUN/stage4" --max-train-samples "$SI5_ALL" --epochs 1 --max-steps "$S5_STEPS" --seed 2 --lr "$S5_LR"
+
+echo "[12/12] offline evaluation on the held-out answers, stages 1-5"
+for stage in stage1 stage2 stage3 stage4 train-si4/draft; do
   for set in mtbench humaneval; do
     "$BIN/specwire" eval --draft "$RUN/$stage" --data "$RUN/eval-$set" --split all --json >"$RUN/eval-${stage%%/*}-$set.json"
   done
@@ -157,6 +176,7 @@ cat "$RUN"/eval-*.json
 learning_curve "$RUN/train-si" "$RUN/snaps" learning-curve "self-instruct conversations seen (0: the stage-1 draft)"
 learning_curve "$RUN/train-si2" "$RUN/snaps-si2" learning-curve-si2 "self-instruct conversations seen in stage 3 (0: version 3)"
 learning_curve "$RUN/train-si3" "$RUN/snaps-si3" learning-curve-si3 "self-instruct conversations seen in stage 4 (0: version 4)"
+learning_curve "$RUN/train-si4" "$RUN/snaps-si4" learning-curve-si4 "self-instruct conversations seen in stage 5 (0: version 5)"
 
 echo "bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/assets/smollm2-135m-eagle3)"
-ship "$RUN/train-si3/draft" "$RUN/ship" "$RUN/train-si3/checkpoint/state.json"
+ship "$RUN/train-si4/draft" "$RUN/ship" "$RUN/train-si4/checkpoint/state.json"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch, in five stages:
+# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch, in six stages:
 #   stage 1: prompt pool -> self-distilled answers + hidden-state dumps -> training (the v2 recipe);
 #   stage 2: the stage-1 draft, trained on, online, over the first self-instruct conversations the target
 #            wrote itself (tools/draft/data/selfinstruct, committed) (version 3);
@@ -8,7 +8,9 @@
 #   stage 4: the stage-3 draft, trained on over them again in a new order at half the peak learning rate
 #            (version 5);
 #   stage 5: the stage-4 draft, trained on over both self-instruct builds (tools/draft/data/selfinstruct and
-#            tools/draft/data/selfinstruct-s1, 38,912 conversations, half of them new) -> offline eval -> ship.
+#            tools/draft/data/selfinstruct-s1, 38,912 conversations, half of them new) (version 6);
+#   stage 6: the stage-5 draft, trained on over both builds again in a new order, stopped at step 3,250 of a
+#            3,600-step schedule -> offline eval -> ship (version 7).
 # Every step is resumable: after an interruption, rerun `make draft` and it continues where it stopped.
 # Progress goes to runs/draft/*.log. Sizes can be overridden from the environment.
 #
@@ -42,6 +44,9 @@ S4_LR=${S4_LR:-5e-4}
 SI5_ALL=${SI5_ALL:-38132}  # stage 5: the training conversations of both builds (38,912 less the 780 of the validation split)
 S5_STEPS=${S5_STEPS:-4000}  # stage 5: steps of 8, data order seed 2 (0.84 of a pass)
 S5_LR=${S5_LR:-5e-4}
+S6_STEPS=${S6_STEPS:-3600}  # stage 6: the schedule's steps of 8 over the same window, data order seed 3
+S6_STOP=${S6_STOP:-3250}  # version 7 stopped its schedule here (a session's time box; the cosine lr was down to 1.2e-5)
+S6_LR=${S6_LR:-5e-4}
 THREADS=${THREADS:-2}
 mkdir -p "$RUN"
 
@@ -60,30 +65,33 @@ import torch
 from specwire.draft.checkpoint import load_draft, save_draft
 src, dst, *state = sys.argv[1:]
 training = json.load(open(f"{src}/config.json"))["specwire"].get("training")
-if state:
+if state:  # a draft from OUT/best records only its step and validation: the rest comes from the run's state
     st = json.load(open(state[0]))
-    training = {**training, "config": st["config"], "stopped_at_step": st["step"], "schedule_steps": st["total_steps"]}
+    c = st["config"]
+    base = {"steps": training["steps"], "selected_step": training["steps"], "ttt_steps": c["ttt_steps"],
+            "data": c["data"], "target": c["target"], "online": c["online"]}
+    training = {**base, **training, "config": c, "stopped_at_step": st["step"], "schedule_steps": st["total_steps"]}
 save_draft(load_draft(src), dst, dtype=torch.bfloat16, extra={"training": training} if training else None,
            verifier_path="smollm2-135m")  # the built-in name, not this machine's path
 PY
 }
 
-echo "[1/12] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
+echo "[1/14] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
 datagen data-pool1 pool 16 --max-samples 512
 datagen data-synthetic pool:synthetic 32
 datagen data-pool2 'pool[512:1000]' 32
 
-echo "[2/12] held-out evaluation data: every MT-bench and HumanEval prompt answered (never used for training)"
+echo "[2/14] held-out evaluation data: every MT-bench and HumanEval prompt answered (never used for training)"
 datagen eval-mtbench mt-bench 8
 datagen eval-humaneval humaneval 8
 
-echo "[3/12] stage 1: training on the pool (log: $RUN/train.log)"
+echo "[3/14] stage 1: training on the pool (log: $RUN/train.log)"
 "$BIN/specwire" train --data "$RUN/data-pool1" "$RUN/data-synthetic" "$RUN/data-pool2" --out "$RUN/train" \
   --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --lr "$LR" --batch-size 8 --eval-every 200 --threads "$THREADS" \
   --json >"$RUN/train.json" 2>"$RUN/train.log"
 ship "$RUN/train/draft" "$RUN/stage1"  # the bf16 copy that shipped as version 2; stage 2 starts from it
 
-echo "[4/12] stages 2-5 data: the two self-instruct builds (complete in the repository: checked, not regenerated)"
+echo "[4/14] stages 2-6 data: the two self-instruct builds (complete in the repository: checked, not regenerated)"
 SI_ARGS=(--shard-size 256 --sample-batch 320 --answer-batch 128 --max-request-tokens 128 --max-new-tokens 128)
 "$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct --conversations 29952 "${SI_ARGS[@]}" \
   --threads "$THREADS" 2>>"$RUN/selfinstruct.log"
@@ -111,7 +119,7 @@ learning_curve() {  # learning_curve RUN_OUT SNAPS NAME XLABEL: score the snapsh
   "$BIN/python" tools/plot_learning_curve.py "$RUN/$3.json" "$RUN/$3.png" --xlabel "$4"
 }
 
-echo "[5/12] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
+echo "[5/14] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
 snapshot_loop "$RUN/train-si" "$RUN/snaps" & SNAPSHOTS=$!
 trap 'kill $SNAPSHOTS 2>/dev/null' EXIT
 done_steps=$(ckpt_step "$RUN/train-si" || echo 0)
@@ -124,7 +132,7 @@ fi
 sleep 25  # the snapshot loop's last copy
 kill $SNAPSHOTS 2>/dev/null || true
 
-echo "[6/12] bf16 copy of stage 2 (version 3): $RUN/stage2"
+echo "[6/14] bf16 copy of stage 2 (version 3): $RUN/stage2"
 ship "$RUN/train-si/best" "$RUN/stage2" "$RUN/train-si/checkpoint/state.json"
 
 # Stages 3 and 4 train the draft under bf16 autocast and capture the target's states in bf16 where the CPU computes
@@ -150,24 +158,34 @@ online_stage() {  # online_stage OUT SNAPS INIT [train args...]: the init draft 
   kill $SNAPSHOTS 2>/dev/null || true
 }
 
-echo "[7/12] stage 3: every self-instruct training conversation, one long schedule ($ONLINE_DTYPE; log: $RUN/train-si2.log)"
+echo "[7/14] stage 3: every self-instruct training conversation, one long schedule ($ONLINE_DTYPE; log: $RUN/train-si2.log)"
 online_stage "$RUN/train-si2" "$RUN/snaps-si2" "$RUN/stage2" --max-train-samples "$SI_ALL" --epochs "$S3_EPOCHS" --lr "$S3_LR"
 
-echo "[8/12] bf16 copy of stage 3 (version 4): $RUN/stage3"
+echo "[8/14] bf16 copy of stage 3 (version 4): $RUN/stage3"
 ship "$RUN/train-si2/draft" "$RUN/stage3" "$RUN/train-si2/checkpoint/state.json"
 
-echo "[9/12] stage 4: the same conversations again, a new order, half the peak lr ($ONLINE_DTYPE; log: $RUN/train-si3.log)"
+echo "[9/14] stage 4: the same conversations again, a new order, half the peak lr ($ONLINE_DTYPE; log: $RUN/train-si3.log)"
 online_stage "$RUN/train-si3" "$RUN/snaps-si3" "$RUN/stage3" --max-train-samples "$SI_ALL" --epochs 2 --max-steps "$S4_STEPS" --seed 1 --lr "$S4_LR"
 
-echo "[10/12] bf16 copy of stage 4 (version 5): $RUN/stage4"
+echo "[10/14] bf16 copy of stage 4 (version 5): $RUN/stage4"
 ship "$RUN/train-si3/draft" "$RUN/stage4" "$RUN/train-si3/checkpoint/state.json"
 
-echo "[11/12] stage 5: both self-instruct builds, half of them new to the draft ($ONLINE_DTYPE; log: $RUN/train-si4.log)"
+echo "[11/14] stage 5: both self-instruct builds, half of them new to the draft ($ONLINE_DTYPE; log: $RUN/train-si4.log)"
 SI_DATA="tools/draft/data/selfinstruct tools/draft/data/selfinstruct-s1"
 online_stage "$RUN/train-si4" "$RUN/snaps-si4" "$RUN/stage4" --max-train-samples "$SI5_ALL" --epochs 1 --max-steps "$S5_STEPS" --seed 2 --lr "$S5_LR"
 
-echo "[12/12] offline evaluation on the held-out answers, stages 1-5"
-for stage in stage1 stage2 stage3 stage4 train-si4/draft; do
+echo "[12/14] bf16 copy of stage 5 (version 6): $RUN/stage5"
+ship "$RUN/train-si4/draft" "$RUN/stage5" "$RUN/train-si4/checkpoint/state.json"
+
+echo "[13/14] stage 6: both builds again, a new order ($ONLINE_DTYPE; log: $RUN/train-si5.log)"
+done_steps=$(ckpt_step "$RUN/train-si5" || echo 0)
+if [ "$done_steps" -lt "$S6_STOP" ]; then  # its best validation ships (OUT/best: the stop leaves no OUT/draft)
+  online_stage "$RUN/train-si5" "$RUN/snaps-si5" "$RUN/stage5" --max-train-samples "$SI5_ALL" --epochs 1 \
+    --max-steps "$S6_STEPS" --stop-after $((S6_STOP - done_steps)) --seed 3 --lr "$S6_LR"
+fi
+
+echo "[14/14] offline evaluation on the held-out answers, stages 1-6"
+for stage in stage1 stage2 stage3 stage4 stage5 train-si5/best; do
   for set in mtbench humaneval; do
     "$BIN/specwire" eval --draft "$RUN/$stage" --data "$RUN/eval-$set" --split all --json >"$RUN/eval-${stage%%/*}-$set.json"
   done
@@ -177,6 +195,7 @@ learning_curve "$RUN/train-si" "$RUN/snaps" learning-curve "self-instruct conver
 learning_curve "$RUN/train-si2" "$RUN/snaps-si2" learning-curve-si2 "self-instruct conversations seen in stage 3 (0: version 3)"
 learning_curve "$RUN/train-si3" "$RUN/snaps-si3" learning-curve-si3 "self-instruct conversations seen in stage 4 (0: version 4)"
 learning_curve "$RUN/train-si4" "$RUN/snaps-si4" learning-curve-si4 "self-instruct conversations seen in stage 5 (0: version 5)"
+learning_curve "$RUN/train-si5" "$RUN/snaps-si5" learning-curve-si5 "self-instruct conversations seen in stage 6 (0: version 6)"
 
 echo "bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/assets/smollm2-135m-eagle3)"
-ship "$RUN/train-si4/draft" "$RUN/ship" "$RUN/train-si4/checkpoint/state.json"
+ship "$RUN/train-si5/best" "$RUN/ship" "$RUN/train-si5/checkpoint/state.json"

@@ -416,7 +416,8 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
             val = _take_best(draft, run.out / BEST_DIR)
             log.info("final draft: step %d (held-out predicted accept length %.3f), not the last step", *best)
         if d.main:
-            extra = {"training": {"steps": step, "selected_step": selected, "ttt_steps": K, "data": config.data_dirs[0] if len(config.data_dirs) == 1 else config.data_dirs,
+            data = config.data_dirs[0] if len(config.data_dirs) == 1 else config.data_dirs  # a folder, or the list
+            extra = {"training": {"steps": step, "selected_step": selected, "ttt_steps": K, "data": data,
                                   "target": target_name, "online": config.online,
                                   "config": config.to_dict(), "val": val}}
             save_draft(draft, draft_dir, extra=extra, verifier_path=str(target.info.path))

@@ -87,6 +87,28 @@ def test_user_turn_prefix_stops_where_the_user_text_begins(tiny_llama_target):
     assert full[:len(prefix)] == prefix
 
 
+def test_user_turn_prefix_opens_with_a_given_system_message(tiny_llama_target):
+    t = tiny_llama_target
+    system = "You are an expert Python programmer."
+    prefix = user_turn_prefix(t, system)
+    assert t.tokenizer.decode(prefix) == f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
+    full = t.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": "hello"}],
+                         add_generation_prompt=False)
+    assert full[:len(prefix)] == prefix
+
+
+def test_user_turn_prefix_refuses_a_template_that_drops_the_system_message(tiny_llama_target):
+    import copy
+
+    tok = copy.deepcopy(tiny_llama_target.tokenizer)
+    tok.chat_template = "{% for m in messages %}{% if m.role != 'system' %}<|im_start|>{{ m.role }}\n{{ m.content }}" \
+                        "<|im_end|>\n{% endif %}{% endfor %}"
+    t = dataclasses.replace(tiny_llama_target, tokenizer=tok)
+    assert tok.decode(user_turn_prefix(t)) == "<|im_start|>user\n"
+    with pytest.raises(SpecwireError, match="drops a system message"):
+        user_turn_prefix(t, "You write Python.")
+
+
 def test_user_turn_prefix_needs_a_chat_template(tiny_llama_target):
     no_template = dataclasses.replace(tiny_llama_target, tokenizer=_without_template(tiny_llama_target.tokenizer))
     with pytest.raises(SpecwireError, match="no chat template"):
@@ -154,6 +176,24 @@ def test_run_then_resume_regenerates_the_last_shard_identically(tiny_llama_targe
     assert run_selfinstruct(cfg, target=t).new_shards == []  # finished: a rerun does nothing
 
 
+def test_a_system_message_steers_the_requests_but_not_the_answers(tiny_llama_target, tiny_target, tmp_path):
+    t = tiny_llama_target
+    system = "You are an expert Python programmer."
+    base = SelfInstructConfig(out=str(tmp_path / "plain"), target=str(tiny_target("llama")), filters=LOOSE,
+                              **{**SMALL, "conversations": 3})
+    steered = dataclasses.replace(base, out=str(tmp_path / "steered"), system=system)
+    assert "system" not in base.options() and steered.options()["system"] == system  # older manifests still match
+    run_selfinstruct(base, target=t)
+    run_selfinstruct(steered, target=t)
+    assert read_json(tmp_path / "steered" / MANIFEST)["options"]["system"] == system
+    plain, convs = read_conversations(tmp_path / "plain"), read_conversations(tmp_path / "steered")
+    assert [r["messages"][0] for r in convs] != [r["messages"][0] for r in plain]  # sampled after another prefix
+    for r in convs:  # answered as a user's request would be: the template's default opening, no system message
+        assert r["input_ids"][:len(user_turn_prefix(t))] == user_turn_prefix(t)
+        assert r["input_ids"][:len(t.encode_chat(r["messages"][:1]))] == t.encode_chat(r["messages"][:1])
+        assert system not in t.tokenizer.decode(r["input_ids"])
+
+
 def test_cli_refuses_a_changed_option_on_resume(tiny_llama_target, tiny_target, tmp_path, capsys):
     from specwire.cli import main
 
@@ -170,6 +210,9 @@ def test_cli_refuses_a_changed_option_on_resume(tiny_llama_target, tiny_target, 
     rc = main([*common, "--conversations", "3", "--max-new-tokens", "9"])
     err = capsys.readouterr().err
     assert rc == 2 and "another options" in err and "max_new_tokens" in err and "Traceback" not in err
+    rc = main([*common, "--conversations", "3", "--max-new-tokens", "8", "--system", "You write Python."])
+    err = capsys.readouterr().err
+    assert rc == 2 and "differs in: system" in err and "Traceback" not in err
 
 
 def test_online_training_reads_selfinstruct_folders_checked_against_the_target(tiny_llama_target, tiny_target, tmp_path):

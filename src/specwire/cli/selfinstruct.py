@@ -17,9 +17,12 @@ Training prompts written by the target itself (the Magpie method, Xu et al. 2024
 
 How: an instruction-tuned model fed its own chat template up to the start of a user turn (the system
 block, then the user header, and nothing else) continues with the kind of user request it was tuned
-on. A shard's first round samples --sample-batch such requests, later rounds about as many as the
-keep rate says are still missing (at --temperature, stopped at the end-of-turn token; those that hit
---max-request-tokens first are dropped as unfinished), then filters them:
+on. --system TEXT puts a system message of your own in that prefix to steer what the requests are
+about (say, "You are an expert Python programmer..." for coding requests); the answers are still
+given under the template's default system block. A shard's first round samples --sample-batch such
+requests, later rounds about as many as the keep rate says are still missing (at --temperature,
+stopped at the end-of-turn token; those that hit --max-request-tokens first are dropped as
+unfinished), then filters them:
   - length, words and language: --min-chars, --max-chars, --min-words, --min-ascii, --min-common-words;
   - degenerate loops: --max-repetition (share of repeated word 3-grams);
   - chat-template markup in the text;

@@ -9,6 +9,9 @@ The method (Xu et al., "Magpie", 2024): an instruction-tuned model fed its own c
 start of a user turn (the system block, then the user header) writes a user request of the kind it was
 tuned on. Sampled at temperature 1 and stopped at the end-of-turn token, this gives in-domain prompts
 without any outside data. The request is then templated as a normal user turn and answered greedily.
+A `system` message in the sampling prefix steers what the requests are about (as Magpie's task-specific
+system prompts do); the answers are still given under the template's default system block, as a user's
+request would be.
 
 Layout of OUT:
   manifest.json              target identity, options, and one entry per finished shard (counts, timings)
@@ -96,6 +99,7 @@ class SelfInstructConfig:
     top_p: float = 1.0  # nucleus sampling of the user requests
     max_rounds: int = 64  # sampling rounds per shard before giving up (a target that writes only junk)
     seed: int = 0  # sampling seed (per shard and round) and the MinHash seed
+    system: str | None = None  # a system message that steers the requests (sampling only; answers keep the default)
     device: str | None = None  # torch device (None = cuda when available, else cpu)
     dtype: str = "auto"  # weights dtype of the target; auto = bfloat16 where the CPU computes it natively (AMX or AVX512-BF16) or on CUDA, else float32
     filters: FilterConfig = field(default_factory=FilterConfig)  # what a request must satisfy to be kept
@@ -121,6 +125,8 @@ class SelfInstructConfig:
         d = dataclasses.asdict(self)
         for k in ("out", "device", "progress", "conversations", *ENGINE_OPTIONS):
             d.pop(k)
+        if d["system"] is None:  # builds from before --system existed record no such key
+            d.pop("system")
         return d
 
     def engine(self, target: Target) -> dict[str, Any]:
@@ -269,13 +275,20 @@ def contamination(text: str, grams: dict[tuple[str, ...], str], n: int) -> str |
 
 # ---- the target's side -----------------------------------------------------------------------------
 
-def user_turn_prefix(target: Target) -> list[int]:
-    """Token ids of the target's chat template up to where a first user message's text begins."""
+def user_turn_prefix(target: Target, system: str | None = None) -> list[int]:
+    """Token ids of the target's chat template up to where a first user message's text begins.
+
+    `system`: the system message to open with (None: whatever the template puts there by default)."""
     tok = target.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):
         raise SpecwireError(f"target '{target.info.name}' has no chat template; self-instruct needs one to open a user turn.",
                             fix="use an instruction-tuned target whose tokenizer carries a chat template.")
-    text = tok.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=False)
+    head = [] if system is None else [{"role": "system", "content": system}]
+    text = tok.apply_chat_template(head + [{"role": "user", "content": _SENTINEL}], tokenize=False,
+                                   add_generation_prompt=False)
+    if system is not None and system not in text:
+        raise SpecwireError(f"target '{target.info.name}': its chat template drops a system message, so --system "
+                            "cannot steer the requests.", fix="leave --system out for this target.")
     cut = text.find(_SENTINEL)
     if cut < 0:
         raise SpecwireError(f"target '{target.info.name}': its chat template does not place the user message in the text.")
@@ -502,7 +515,7 @@ def run_selfinstruct(config: SelfInstructConfig, *, target: Target | None = None
     for tmp in out.glob(".shard-*"):  # temporaries of atomic writes a kill interrupted
         shutil.rmtree(tmp, ignore_errors=True)
     grams = benchmark_ngrams(f.contamination_ngram)
-    prefix = user_turn_prefix(target)
+    prefix = user_turn_prefix(target, config.system)
     from tqdm import tqdm
 
     bar = tqdm(total=config.conversations, initial=min(done, config.conversations), unit="conv",

@@ -14,7 +14,7 @@ import argparse
 import collections
 import json
 
-from specwire.data.selfinstruct import benchmark_ngrams, read_conversations, words
+from specwire.data.selfinstruct import benchmark_ngrams, read_requests, shared_ngram
 
 
 def main(argv=None) -> int:
@@ -25,14 +25,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     result = []
     for folder in args.builds:
-        requests = [next(m["content"] for m in r["messages"] if m["role"] == "user") for r in read_conversations(folder)]
+        requests = read_requests(folder)
         entry = {"folder": folder, "requests": len(requests), "by_ngram": {}}
         for n in args.ngrams:
             grams = benchmark_ngrams(n)
             by_set, runs = collections.Counter(), collections.Counter()
             for text in requests:
-                w = words(text)
-                hit = next((tuple(w[i:i + n]) for i in range(len(w) - n + 1) if tuple(w[i:i + n]) in grams), None)
+                hit = shared_ngram(text, grams, n)
                 if hit is not None:
                     by_set["humaneval" if grams[hit].startswith("HumanEval") else "mt-bench"] += 1
                     runs[" ".join(hit)] += 1

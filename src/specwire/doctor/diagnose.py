@@ -352,11 +352,17 @@ def _search(draft, tv: TargetView, cfg: DoctorConfig, calibration: Calibration |
     timings["residual_check_s"] = round(time.perf_counter() - ts, 3)
 
 
+# How much better (in step-0 agreement) another wiring must score before the search calls the configured or the
+# recorded one wrong: about 13 of the built-in text's 449 positions. Wirings that differ only in a middle layer by a
+# few places can tie with the trained one for a well-trained draft; a wrong residual mode or a shifted list cannot.
+SEARCH_MARGIN = 0.03
+
+
 def _search_findings(res: SearchResult, configured, trained, sv: ServingView, L: int, cal: Calibration) -> list[Finding]:
     out = []
     conf = res.scores.get(tuple(configured)) if configured else None
     top = ", ".join(f"hs {w} {s:.1%}" for w, s in res.top[:3])
-    margin = 0.03
+    margin = SEARCH_MARGIN
     if conf is not None and res.best != list(configured) and res.best_score > conf + margin:
         out.append(Finding(
             "wiring-search", "error",

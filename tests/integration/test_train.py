@@ -543,6 +543,34 @@ def test_train_sample_window_keeps_a_slice_of_the_training_samples(dumps, tiny_l
         load_run_data(base_config(dumps["train"], tmp_path / "d", skip_train_samples=len(full.train)), tiny_llama_target)
 
 
+def test_refit_vocab_chooses_the_vocabulary_again_from_the_run_data(dumps, tiny_llama_target, tmp_path):
+    """--refit-vocab: a warm start whose draft vocabulary is chosen again from the new run's data, at a new
+    size. With a learning rate too small to move a weight, the result shows the refit itself: the map is the
+    new data's top ids, the ids both vocabularies hold keep their trained rows bit for bit, every other
+    weight is the first draft's, and the checkpoint records the new size in its wiring."""
+    from specwire.draft.checkpoint import load_draft
+    from specwire.draft.vocab import build_vocab_map
+    from specwire.training.batches import load_run_data
+
+    kw = dict(max_steps=2, batch_size=4, eval_max_samples=3, select="last")
+    first = train(base_config(dumps["small"], tmp_path / "first", draft_vocab_size=24, **kw))
+    counts = load_run_data(base_config(dumps["train"], tmp_path / "probe"), tiny_llama_target).vocab_counts
+    refit = train(base_config(dumps["train"], tmp_path / "refit", init_draft=str(first.draft_dir), refit_vocab=True,
+                              draft_vocab_size=40, **dict(kw, lr=1e-30)))
+    wa, wb = (load_tensors(r.draft_dir / "model.safetensors") for r in (first, refit))
+    d2t, t2d = build_vocab_map(counts, 40)
+    assert torch.equal(wb["d2t"], d2t) and torch.equal(wb["t2d"], t2d)
+    old_ids, new_ids = torch.arange(24) + wa["d2t"], torch.arange(40) + d2t
+    kept = torch.isin(new_ids, old_ids)
+    assert 0 < int(kept.sum()) < 40  # some ids stay, some are new
+    assert torch.equal(wb["lm_head.weight"][kept], wa["lm_head.weight"][torch.isin(old_ids, new_ids)])
+    assert all(torch.equal(wa[k], wb[k]) for k in wa if k not in ("lm_head.weight", "d2t", "t2d"))
+    draft = load_draft(refit.draft_dir)
+    assert draft.config.draft_vocab_size == draft.config.wiring.draft_vocab_size == 40
+    with pytest.raises(SpecwireError, match="refit_vocab: .* needs init_draft"):
+        base_config("x", "y", refit_vocab=True)
+
+
 def test_warm_start_continues_from_a_draft_and_refuses_a_misfit(dumps, tmp_path):
     """--init-draft: the run starts from that checkpoint's weights and vocab map. Shown with a learning rate too
     small to move any weight, so the result is the first run's draft bit for bit, and a fresh start is not."""

@@ -7,7 +7,8 @@ import torch
 
 from specwire.draft.model import check_vocab_map
 from specwire.errors import SpecwireError
-from specwire.draft.vocab import build_vocab_map, coverage, coverage_table, format_coverage_table, frequency_order
+from specwire.draft.vocab import (build_vocab_map, coverage, coverage_table, format_coverage_table, frequency_order,
+                                  refit_rows)
 
 
 def test_top_ids_sorted_by_target_id_with_offsets():
@@ -94,3 +95,31 @@ def test_coverage_table_matches_maps():
 def test_bad_input_is_refused(counts, size, match):
     with pytest.raises(SpecwireError, match=match):
         build_vocab_map(counts, size)
+
+
+def test_refit_rows_keeps_trained_rows_and_maps_new_ones_through_the_fitted_map():
+    """Draft rows that are an exact linear image of the target's (plus nothing else): the ids that stay keep
+    their rows bit for bit, and a new id's row is its target row through that same map."""
+    g = torch.Generator().manual_seed(0)
+    H, V = 8, 64
+    target_lm_head = torch.randn(V, H, generator=g, dtype=torch.float64)
+    M = torch.randn(H, H, generator=g, dtype=torch.float64)
+    old_ids = torch.arange(0, 40)  # shape: [40]
+    new_ids = torch.cat([torch.arange(10, 40, 2), torch.arange(50, 60)])  # 15 kept, 10 new, ascending
+    draft_rows = (target_lm_head[old_ids] @ M).float()
+    draft_rows[5] += 1.0  # a kept row off the map stays as trained
+    rows = refit_rows(draft_rows, old_ids, new_ids, target_lm_head[new_ids].float())
+    assert rows.shape == (len(new_ids), H) and rows.dtype == torch.float32
+    kept = torch.isin(new_ids, old_ids)
+    assert torch.equal(rows[kept], draft_rows[new_ids[kept]])
+    want = (target_lm_head[new_ids[~kept]] @ M).float()
+    torch.testing.assert_close(rows[~kept], want, rtol=1e-3, atol=1e-3)  # least squares, one row perturbed
+
+
+def test_refit_rows_with_too_few_shared_ids_starts_new_rows_from_the_target():
+    target_rows = torch.randn(6, 8)
+    draft_rows = torch.randn(4, 8)
+    rows = refit_rows(draft_rows, torch.tensor([0, 1, 2, 3]), torch.tensor([2, 3, 7, 9, 11, 12]), target_rows)
+    assert torch.equal(rows[:2], draft_rows[2:]) and torch.equal(rows[2:], target_rows[2:])
+    with pytest.raises(SpecwireError, match="refit_rows"):
+        refit_rows(draft_rows, torch.tensor([0, 1, 2]), torch.tensor([2, 3]), target_rows[:2])

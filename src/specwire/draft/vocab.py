@@ -1,8 +1,9 @@
 """The draft vocabulary: which target token ids the draft's lm_head predicts.
 
 Owns: building the `d2t` / `t2d` maps from assistant-token frequencies (`docs/CONVENTIONS.md` section 2), the
-coverage they give, and a coverage table over candidate sizes (from which a draft vocab size is
-picked). Pure functions on tensors; no model, no files. The counts come from the dump
+coverage they give, a coverage table over candidate sizes (from which a draft vocab size is
+picked), and the lm_head rows of a vocabulary chosen again for new data (`refit_rows`). Pure functions
+on tensors; no model, no files. The counts come from the dump
 (`dump.DumpReader.vocab_counts()`); the maps are checked by `draft.check_vocab_map` and stored in the
 draft checkpoint.
 
@@ -116,3 +117,36 @@ def format_coverage_table(rows: Sequence[CoverageRow]) -> str:
     if rows:
         lines.append(f"(distinct target ids seen: {rows[0].seen})")
     return "\n".join(lines)
+
+
+def refit_rows(draft_rows: torch.Tensor, old_ids: torch.Tensor, new_ids: torch.Tensor,
+               target_rows: torch.Tensor) -> torch.Tensor:
+    """lm_head rows for a draft vocabulary chosen again (`new_ids`), from a trained draft's rows for `old_ids`.
+
+    An id in both vocabularies keeps its trained row. A new id starts from the target's lm_head row for it,
+    taken through the linear map M that best carries the target's rows onto the draft's trained rows over
+    the shared ids (least squares: target_rows[shared] @ M ~= draft_rows[shared]). Training moves a
+    draft's rows away from the target's it started from (on the shipped draft their median cosine is about
+    0.5), but the move is close to linear: M predicts held-out trained rows at a median cosine of about
+    0.95. With fewer shared ids than the hidden size the system is underdetermined and M is the identity.
+
+    draft_rows [Vd_old, H]; old_ids [Vd_old] and new_ids [Vd_new]: ascending target ids;
+    target_rows [Vd_new, H]: the target's lm_head rows for new_ids. Returns [Vd_new, H] in draft_rows' dtype.
+    """
+    if draft_rows.dim() != 2 or target_rows.dim() != 2 or draft_rows.shape[1] != target_rows.shape[1]:
+        raise SpecwireError(f"refit_rows: expected draft rows [Vd, H] and target rows [Vd_new, H], found "
+                            f"{tuple(draft_rows.shape)} and {tuple(target_rows.shape)}.")
+    if len(old_ids) != len(draft_rows) or len(new_ids) != len(target_rows):
+        raise SpecwireError(f"refit_rows: {len(old_ids)} old ids for {len(draft_rows)} draft rows, "
+                            f"{len(new_ids)} new ids for {len(target_rows)} target rows.")
+    pos = torch.searchsorted(old_ids, new_ids).clamp(max=len(old_ids) - 1)  # shape: [Vd_new]
+    kept = old_ids[pos] == new_ids  # shape: [Vd_new] bool
+    src, tgt = target_rows.double(), draft_rows.double()
+    H = draft_rows.shape[1]
+    if int(kept.sum()) >= H:
+        M = torch.linalg.lstsq(src[kept], tgt[pos[kept]]).solution  # shape: [H, H]
+    else:
+        M = torch.eye(H, dtype=torch.float64)
+    out = src @ M  # shape: [Vd_new, H]
+    out[kept] = tgt[pos[kept]]
+    return out.to(draft_rows.dtype)

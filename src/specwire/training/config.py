@@ -41,6 +41,7 @@ class TrainConfig:
     init_lm_head: str = "target"  # "target": lm_head/norm start as the target's rows; "random": default init
     init_layer: str = "random"  # "random", or "target[:N]": the draft layer starts as target layer N (default: the last)
     init_draft: str | None = None  # warm start: a draft checkpoint (folder or shipped name) whose weights and vocab map the run starts from
+    refit_vocab: bool = False  # with init_draft: choose the draft vocabulary again from this run's data (its most frequent trained tokens); ids that stay keep their lm_head rows, new ids start from the target's rows mapped onto the draft's
     noise_std: float = 0.0  # std of Gaussian noise added to the fused target states while training (not validating)
     loss: str = "kl"  # "kl": KL(target || draft) over the draft vocab; "top1": cross-entropy on the target's argmax
     autocast: bool = False  # the draft's forward and backward under bf16 autocast (weights, optimizer, targets stay fp32)
@@ -109,6 +110,9 @@ class TrainConfig:
         if self.init_draft is not None and self.init_layer != "random":
             raise SpecwireError(f"TrainConfig.init_draft: a warm start takes the layer from {self.init_draft}, "
                                 f"so init_layer must stay 'random', found {self.init_layer!r}.")
+        if self.refit_vocab and self.init_draft is None:
+            raise SpecwireError("TrainConfig.refit_vocab: chooses a trained draft's vocabulary again, so it needs "
+                                "init_draft (a fresh draft already takes its vocabulary from the data).")
         if self.init_lm_head not in ("target", "random"):
             raise SpecwireError(f"TrainConfig.init_lm_head: expected 'target' or 'random', found {self.init_lm_head!r}.")
 

@@ -97,10 +97,12 @@ def build_draft(target, wiring: Wiring, vocab_counts: torch.Tensor, *, draft_voc
     return draft
 
 
-def warm_start_draft(config: TrainConfig, target, wiring: Wiring, *, source: str, device) -> Eagle3Draft:
+def warm_start_draft(config: TrainConfig, target, wiring: Wiring, *, source: str, device,
+                     vocab_counts: torch.Tensor | None = None) -> Eagle3Draft:
     """The draft `config.init_draft` names, in fp32, to continue training on new data: its weights and vocab map
     (a curriculum: e.g. the pool first, then self-instruct). Its wiring must be the data's; its geometry wins
-    over the run's draft flags, which must agree or stay unset."""
+    over the run's draft flags, which must agree or stay unset. With `config.refit_vocab` its vocabulary is
+    chosen again from `vocab_counts` (the run's data), at --draft-vocab-size or its own size (`refit_vocab`)."""
     from specwire.draft.checkpoint import load_draft, resolve_draft_path
 
     path = resolve_draft_path(config.init_draft)
@@ -109,15 +111,45 @@ def warm_start_draft(config: TrainConfig, target, wiring: Wiring, *, source: str
     mine.check_compatible(wiring, expected_from=f"--init-draft {path}", found_in=source,
                           ignore=("norm_before_residual", "draft_vocab_size"))
     asked = {"draft_vocab_size": config.draft_vocab_size, "norm_before_residual": config.norm_before_residual or None}
+    if config.refit_vocab:
+        del asked["draft_vocab_size"]  # a refit may change the size
     for name, want in asked.items():  # None: not asked for, the checkpoint's value stands
         have = getattr(draft.config, name)
         if want is not None and want != have:
             raise SpecwireError(f"--init-draft {path}: its {name} is {have}, but the run asks for {want}.",
                                 fix=f"drop --{name.replace('_', '-')} (a warm start keeps the checkpoint's), or start fresh.")
+    if config.refit_vocab:
+        if vocab_counts is None:
+            raise SpecwireError("refit_vocab: the run's data gave no token counts to choose a vocabulary from.")
+        draft = refit_vocab(draft, target, vocab_counts, config.draft_vocab_size or draft.config.draft_vocab_size)
     draft.train()
     draft.to(device)
     draft.attach_embeddings(target.parts.embed)
     return draft
+
+
+def refit_vocab(draft: Eagle3Draft, target, counts: torch.Tensor, size: int) -> Eagle3Draft:
+    """`draft` with its vocabulary chosen again: the `size` most frequent target ids of `counts` (the new data's
+    trained tokens). Every other weight is kept; lm_head rows come from `draft.vocab.refit_rows`."""
+    from specwire.draft.vocab import build_vocab_map, coverage, refit_rows
+
+    V = draft.config.vocab_size
+    if not 0 < size <= V:
+        raise SpecwireError(f"--draft-vocab-size {size}: expected 1..{V} (the target vocabulary).")
+    old_ids = torch.arange(len(draft.d2t)) + draft.d2t.cpu()  # shape: [Vd_old]
+    d2t, t2d = build_vocab_map(counts, size)
+    new_ids = torch.arange(size) + d2t  # shape: [Vd_new]
+    target_rows = target.parts.lm_head.weight.detach()[new_ids.to(target.device)].float().cpu()  # shape: [Vd_new, H]
+    rows = refit_rows(draft.lm_head.weight.detach().float().cpu(), old_ids, new_ids, target_rows)
+    log.info("refit_vocab: %d of %d ids kept, %d new; coverage of the run's data %.2f%% -> %.2f%%",
+             int(torch.isin(new_ids, old_ids).sum()), size, int((~torch.isin(new_ids, old_ids)).sum()),
+             100 * coverage(counts, draft.t2d.cpu().bool()), 100 * coverage(counts, t2d))
+    state = {k: v for k, v in draft.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    c = draft.config
+    refit = Eagle3Draft(dataclasses.replace(c, draft_vocab_size=size,
+                                            wiring=dataclasses.replace(c.wiring, draft_vocab_size=size)))
+    refit.load_state_dict({**state, "lm_head.weight": rows, "d2t": d2t, "t2d": t2d})
+    return refit
 
 
 def copy_target_layer(layer: nn.Module, target_layers: nn.ModuleList, index: int) -> None:
@@ -285,7 +317,8 @@ def _train(config: TrainConfig, d: Dist, device: torch.device, load_target) -> T
                             norm_before_residual=config.norm_before_residual, init_lm_head=config.init_lm_head,
                             seed=config.seed, device=device, init_layer=config.init_layer)
     else:
-        draft = warm_start_draft(config, target, data.wiring, source=data.source, device=device)
+        draft = warm_start_draft(config, target, data.wiring, source=data.source, device=device,
+                                 vocab_counts=data.vocab_counts)
     heads = TargetHeads(target.parts.final_norm, target.parts.lm_head, draft.d2t, device=device)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,

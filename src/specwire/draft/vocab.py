@@ -139,14 +139,14 @@ def refit_rows(draft_rows: torch.Tensor, old_ids: torch.Tensor, new_ids: torch.T
     if len(old_ids) != len(draft_rows) or len(new_ids) != len(target_rows):
         raise SpecwireError(f"refit_rows: {len(old_ids)} old ids for {len(draft_rows)} draft rows, "
                             f"{len(new_ids)} new ids for {len(target_rows)} target rows.")
-    pos = torch.searchsorted(old_ids, new_ids).clamp(max=len(old_ids) - 1)  # shape: [Vd_new]
-    kept = old_ids[pos] == new_ids  # shape: [Vd_new] bool
-    src, tgt = target_rows.double(), draft_rows.double()
+    kept = torch.isin(new_ids, old_ids)  # shape: [Vd_new] bool
+    trained = draft_rows.double()[torch.searchsorted(old_ids, new_ids[kept])]  # shape: [n_kept, H]
+    src = target_rows.double()
     H = draft_rows.shape[1]
     if int(kept.sum()) >= H:
-        M = torch.linalg.lstsq(src[kept], tgt[pos[kept]]).solution  # shape: [H, H]
+        M = torch.linalg.lstsq(src[kept], trained).solution  # shape: [H, H]
     else:
         M = torch.eye(H, dtype=torch.float64)
     out = src @ M  # shape: [Vd_new, H]
-    out[kept] = tgt[pos[kept]]
+    out[kept] = trained
     return out.to(draft_rows.dtype)

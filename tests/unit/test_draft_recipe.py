@@ -34,7 +34,8 @@ def _expand(words: str, defaults: dict[str, str]) -> str:
 
 
 def _shipped_stage() -> tuple[list[str], dict[str, str], int | None]:
-    """The data folders, the train options and the stop step of the stage whose draft ships."""
+    """The data folders, the train options (a bare flag maps to "") and the stop step of the stage whose draft
+    ships."""
     text, defaults = _script()
     ship = re.search(r'^ship "\$RUN/([\w-]+)/\w+" "\$RUN/ship"', text, flags=re.M)
     assert ship, f"{BUILD}: no `ship ... \"$RUN/ship\"` line"
@@ -43,7 +44,8 @@ def _shipped_stage() -> tuple[list[str], dict[str, str], int | None]:
     assert call, f"{BUILD}: no online_stage call trains $RUN/{run}, the run that ships"
     data = re.findall(r'^SI_DATA="([^"]*)"', text[:call.start()], flags=re.M)[-1].split()
     args = shlex.split(_expand(call.group(1), defaults))
-    options = {a: args[i + 1] for i, a in enumerate(args) if a.startswith("--") and i + 1 < len(args)}
+    options = {a: "" if i + 1 == len(args) or args[i + 1].startswith("--") else args[i + 1]
+               for i, a in enumerate(args) if a.startswith("--")}
     stop = re.search(r"--stop-after \$\(\((\w+) - done_steps\)\)", call.group(1))
     return data, options, int(defaults[stop.group(1)]) if stop else None
 
@@ -60,6 +62,7 @@ def test_the_last_stage_of_make_draft_is_the_run_the_shipped_draft_records():
     for flag, key, kind in (("--seed", "seed", int), ("--lr", "lr", float), ("--max-steps", "max_steps", int),
                             ("--epochs", "epochs", float), ("--skip-train-samples", "skip_train_samples", int)):
         assert kind(options.get(flag, 0)) == kind(config[key]), f"{flag}: build.sh {options.get(flag)}, shipped {config[key]}"
+    assert ("--refit-vocab" in options) == bool(config.get("refit_vocab")), "--refit-vocab: build.sh and the shipped run disagree"
     if config["max_train_samples"] is not None:
         assert int(options["--max-train-samples"]) == config["max_train_samples"]
     if stop is not None:  # a stage stopped before the end of its schedule ships the best validation up to the stop

@@ -98,11 +98,11 @@ def build_draft(target, wiring: Wiring, vocab_counts: torch.Tensor, *, draft_voc
 
 
 def warm_start_draft(config: TrainConfig, target, wiring: Wiring, *, source: str, device,
-                     vocab_counts: torch.Tensor | None = None) -> Eagle3Draft:
+                     vocab_counts: torch.Tensor) -> Eagle3Draft:
     """The draft `config.init_draft` names, in fp32, to continue training on new data: its weights and vocab map
     (a curriculum: e.g. the pool first, then self-instruct). Its wiring must be the data's; its geometry wins
     over the run's draft flags, which must agree or stay unset. With `config.refit_vocab` its vocabulary is
-    chosen again from `vocab_counts` (the run's data), at --draft-vocab-size or its own size (`refit_vocab`)."""
+    chosen again from `vocab_counts` (the run's data), at --draft-vocab-size or its own size."""
     from specwire.draft.checkpoint import load_draft, resolve_draft_path
 
     path = resolve_draft_path(config.init_draft)
@@ -119,8 +119,6 @@ def warm_start_draft(config: TrainConfig, target, wiring: Wiring, *, source: str
             raise SpecwireError(f"--init-draft {path}: its {name} is {have}, but the run asks for {want}.",
                                 fix=f"drop --{name.replace('_', '-')} (a warm start keeps the checkpoint's), or start fresh.")
     if config.refit_vocab:
-        if vocab_counts is None:
-            raise SpecwireError("refit_vocab: the run's data gave no token counts to choose a vocabulary from.")
         draft = refit_vocab(draft, target, vocab_counts, config.draft_vocab_size or draft.config.draft_vocab_size)
     draft.train()
     draft.to(device)
@@ -133,16 +131,13 @@ def refit_vocab(draft: Eagle3Draft, target, counts: torch.Tensor, size: int) -> 
     trained tokens). Every other weight is kept; lm_head rows come from `draft.vocab.refit_rows`."""
     from specwire.draft.vocab import build_vocab_map, coverage, refit_rows
 
-    V = draft.config.vocab_size
-    if not 0 < size <= V:
-        raise SpecwireError(f"--draft-vocab-size {size}: expected 1..{V} (the target vocabulary).")
     old_ids = torch.arange(len(draft.d2t)) + draft.d2t.cpu()  # shape: [Vd_old]
-    d2t, t2d = build_vocab_map(counts, size)
+    d2t, t2d = build_vocab_map(counts, size)  # refuses a size outside the target vocabulary
     new_ids = torch.arange(size) + d2t  # shape: [Vd_new]
     target_rows = target.parts.lm_head.weight.detach()[new_ids.to(target.device)].float().cpu()  # shape: [Vd_new, H]
     rows = refit_rows(draft.lm_head.weight.detach().float().cpu(), old_ids, new_ids, target_rows)
-    log.info("refit_vocab: %d of %d ids kept, %d new; coverage of the run's data %.2f%% -> %.2f%%",
-             int(torch.isin(new_ids, old_ids).sum()), size, int((~torch.isin(new_ids, old_ids)).sum()),
+    kept = int(torch.isin(new_ids, old_ids).sum())
+    log.info("refit_vocab: %d of %d ids kept, %d new; coverage of the run's data %.2f%% -> %.2f%%", kept, size, size - kept,
              100 * coverage(counts, draft.t2d.cpu().bool()), 100 * coverage(counts, t2d))
     state = {k: v for k, v in draft.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
     c = draft.config

@@ -83,7 +83,9 @@ def plot_versions(records: list[dict], png: Path) -> None:
     ax.set_xlabel("conversations seen in training, all stages (label: distinct conversations in its data)")
     ax.set_ylabel("predicted chain accept length (5 steps, held out)")
     ax.set_title("smollm2-135m-eagle3: held-out accept length by version")
-    ax.set_ylim(top=max(GOALS.values()) + 0.15)
+    highest = max(r[key]["accept_length"] for r in records for key in GOALS)
+    ax.set_ylim(top=max(*GOALS.values(), highest) + 0.2)  # room for the labels above the highest point
+    ax.set_xlim(right=max(x) * 1.06)
     ax.legend(loc="lower right")
     _save(fig, png)
 

@@ -3,8 +3,8 @@
 The shipped draft's `config.json` keeps the training config of the run it came from. These tests read the recipe
 the way bash would (each `VAR=${VAR:-default}` at its default) and check that the stage whose draft becomes
 `$RUN/ship` trains on the same data, in the same order and window, with the same schedule, and stops where the
-shipped run stopped; and that the self-instruct builds it reads are committed in full. A new version shipped
-without its stage in the recipe, or a recipe edited without retraining, fails here.
+shipped run stopped; and that the self-instruct builds it reads are committed in full, and hold nothing more. A
+new version shipped without its stage in the recipe, or a recipe edited without retraining, fails here.
 """
 
 from __future__ import annotations
@@ -82,6 +82,10 @@ def test_the_data_of_the_last_stage_is_committed_in_full():
         assert n % size == 0, f"{BUILD}: --conversations {n} for {folder} is not a whole number of {size}-shards"
         for s in range(n // size):
             assert (ROOT / folder / shard_name(s)).is_file(), f"{folder}: shard {s} is not committed"
+        # the stage reads every shard of the folder (its window is cut in data order, a refit counts every
+        # conversation), so a build grown past what the recipe names would change what it trains on
+        extra = sorted(p.name for p in (ROOT / folder).glob("shard-*.jsonl.gz") if p.name >= shard_name(n // size))
+        assert not extra, f"{folder}: {extra} lie past the {n} conversations the recipe names; grow a new folder"
         train_samples += sum(not is_validation(i) for i in range(n))
     window = int(options.get("--skip-train-samples", 0)) + int(options.get("--max-train-samples", 0))
     assert window <= train_samples, f"the window ends at {window}, past the {train_samples} training conversations"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch, in seven stages:
+# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch, in eight stages:
 #   stage 1: prompt pool -> self-distilled answers + hidden-state dumps -> training (the v2 recipe);
 #   stage 2: the stage-1 draft, trained on, online, over the first self-instruct conversations the target
 #            wrote itself (tools/draft/data/selfinstruct, committed) (version 3);
@@ -12,7 +12,10 @@
 #   stage 6: the stage-5 draft, trained on over both builds again in a new order, stopped at step 3,250 of a
 #            3,600-step schedule (version 7);
 #   stage 7: the stage-6 draft, trained on over the 16,809 training conversations new to it (the second build's
-#            shards 35-72 and a third, coding build), 1,800 steps -> offline eval -> ship (version 8).
+#            shards 35-72 and a third, coding build), 1,800 steps (version 8);
+#   stage 8: the stage-7 draft, its vocabulary chosen again from all five builds (--refit-vocab), trained on over
+#            one pass of a mixed window: general chat it has seen, two new steered builds (writing, reasoning) and
+#            coding, 1,375 steps -> offline eval -> ship (version 9).
 # Every step is resumable: after an interruption, rerun `make draft` and it continues where it stopped.
 # Progress goes to runs/draft/*.log. Sizes can be overridden from the environment.
 #
@@ -30,8 +33,11 @@
 # build (shards 0-28, made with `--seed 2` and a system message that asks for Python functions), then the main
 # build: it skips the second build's 8,780 training conversations that stages 5-6 saw (`SI7_SKIP`) and takes the
 # next `SI7_ALL`: the 16,809 training conversations of the 17,152 new ones, and none of the main build's. So growth
-# now belongs at the end of the coding build or in a new folder, never in the first two. Target states are captured
-# per batch (--online): no dump.
+# then belonged at the end of the coding build or in a new folder. Stage 8 reads all five builds (the second, the
+# writing and reasoning builds, the coding build, the main build): its vocabulary is chosen again from every
+# conversation of every folder it names, and its window (`SI8_SKIP`, `SI8_ALL`) is the second build's last 3,000
+# training conversations, both steered builds in full and the coding build's first 1,980. So no build it reads may
+# grow: growth belongs in a new folder. Target states are captured per batch (--online): no dump.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -58,6 +64,10 @@ SI7_SKIP=${SI7_SKIP:-8780}  # stage 7: the second build's training conversations
 SI7_ALL=${SI7_ALL:-16809}  # stage 7: its window, the new training conversations (second build's rest, coding build)
 S7_STEPS=${S7_STEPS:-1800}  # stage 7: steps of 8, data order seed 4 (0.86 of a pass)
 S7_LR=${S7_LR:-5e-4}
+SI8_SKIP=${SI8_SKIP:-15314}  # stage 8: the second build's training conversations before its last 3,000 (of 18,314)
+SI8_ALL=${SI8_ALL:-11000}  # stage 8: its window: 3,000 general, 2,759 writing, 3,261 reasoning, 1,980 coding
+S8_STEPS=${S8_STEPS:-1375}  # stage 8: steps of 8, data order seed 6 (one pass)
+S8_LR=${S8_LR:-3e-4}
 THREADS=${THREADS:-2}
 mkdir -p "$RUN"
 
@@ -87,22 +97,22 @@ save_draft(load_draft(src), dst, dtype=torch.bfloat16, extra={"training": traini
 PY
 }
 
-echo "[1/16] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
+echo "[1/18] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
 datagen data-pool1 pool 16 --max-samples 512
 datagen data-synthetic pool:synthetic 32
 datagen data-pool2 'pool[512:1000]' 32
 
-echo "[2/16] held-out evaluation data: every MT-bench and HumanEval prompt answered (never used for training)"
+echo "[2/18] held-out evaluation data: every MT-bench and HumanEval prompt answered (never used for training)"
 datagen eval-mtbench mt-bench 8
 datagen eval-humaneval humaneval 8
 
-echo "[3/16] stage 1: training on the pool (log: $RUN/train.log)"
+echo "[3/18] stage 1: training on the pool (log: $RUN/train.log)"
 "$BIN/specwire" train --data "$RUN/data-pool1" "$RUN/data-synthetic" "$RUN/data-pool2" --out "$RUN/train" \
   --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --lr "$LR" --batch-size 8 --eval-every 200 --threads "$THREADS" \
   --json >"$RUN/train.json" 2>"$RUN/train.log"
 ship "$RUN/train/draft" "$RUN/stage1"  # the bf16 copy that shipped as version 2; stage 2 starts from it
 
-echo "[4/16] stages 2-7 data: the three self-instruct builds (complete in the repository: checked, not regenerated)"
+echo "[4/18] stages 2-8 data: the five self-instruct builds (complete in the repository: checked, not regenerated)"
 SI_ARGS=(--shard-size 256 --sample-batch 320 --answer-batch 128 --max-request-tokens 128 --max-new-tokens 128)
 "$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct --conversations 29952 "${SI_ARGS[@]}" \
   --threads "$THREADS" 2>>"$RUN/selfinstruct.log"
@@ -110,6 +120,12 @@ SI_ARGS=(--shard-size 256 --sample-batch 320 --answer-batch 128 --max-request-to
   --threads "$THREADS" 2>>"$RUN/selfinstruct.log"
 "$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct-code --seed 2 --conversations 7424 "${SI_ARGS[@]}" \
   --system "You are an expert Python programmer. Users ask you to write Python functions." \
+  --threads "$THREADS" 2>>"$RUN/selfinstruct.log"
+"$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct-write --seed 3 --conversations 2816 "${SI_ARGS[@]}" \
+  --system "You are a helpful assistant. Users ask you to write stories, essays, emails, poems and blog posts, and to rewrite, shorten or edit a text they give you." \
+  --threads "$THREADS" 2>>"$RUN/selfinstruct.log"
+"$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct-reason --seed 5 --conversations 3328 "${SI_ARGS[@]}" \
+  --system "You are a helpful assistant. Users ask you to solve math problems and logic puzzles step by step, and to explain ideas in science, history and economics." \
   --threads "$THREADS" 2>>"$RUN/selfinstruct.log"
 
 ckpt_step() {  # ckpt_step RUN_OUT: the step of its checkpoint (fails when there is none)
@@ -133,7 +149,7 @@ learning_curve() {  # learning_curve RUN_OUT SNAPS NAME XLABEL: score the snapsh
   "$BIN/python" tools/plot_learning_curve.py "$RUN/$3.json" "$RUN/$3.png" --xlabel "$4"
 }
 
-echo "[5/16] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
+echo "[5/18] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
 snapshot_loop "$RUN/train-si" "$RUN/snaps" & SNAPSHOTS=$!
 trap 'kill $SNAPSHOTS 2>/dev/null' EXIT
 done_steps=$(ckpt_step "$RUN/train-si" || echo 0)
@@ -146,7 +162,7 @@ fi
 sleep 25  # the snapshot loop's last copy
 kill $SNAPSHOTS 2>/dev/null || true
 
-echo "[6/16] bf16 copy of stage 2 (version 3): $RUN/stage2"
+echo "[6/18] bf16 copy of stage 2 (version 3): $RUN/stage2"
 ship "$RUN/train-si/best" "$RUN/stage2" "$RUN/train-si/checkpoint/state.json"
 
 # Stages 3 and 4 train the draft under bf16 autocast and capture the target's states in bf16 where the CPU computes
@@ -172,42 +188,50 @@ online_stage() {  # online_stage OUT SNAPS INIT [train args...]: the init draft 
   kill $SNAPSHOTS 2>/dev/null || true
 }
 
-echo "[7/16] stage 3: every self-instruct training conversation, one long schedule ($ONLINE_DTYPE; log: $RUN/train-si2.log)"
+echo "[7/18] stage 3: every self-instruct training conversation, one long schedule ($ONLINE_DTYPE; log: $RUN/train-si2.log)"
 online_stage "$RUN/train-si2" "$RUN/snaps-si2" "$RUN/stage2" --max-train-samples "$SI_ALL" --epochs "$S3_EPOCHS" --lr "$S3_LR"
 
-echo "[8/16] bf16 copy of stage 3 (version 4): $RUN/stage3"
+echo "[8/18] bf16 copy of stage 3 (version 4): $RUN/stage3"
 ship "$RUN/train-si2/draft" "$RUN/stage3" "$RUN/train-si2/checkpoint/state.json"
 
-echo "[9/16] stage 4: the same conversations again, a new order, half the peak lr ($ONLINE_DTYPE; log: $RUN/train-si3.log)"
+echo "[9/18] stage 4: the same conversations again, a new order, half the peak lr ($ONLINE_DTYPE; log: $RUN/train-si3.log)"
 online_stage "$RUN/train-si3" "$RUN/snaps-si3" "$RUN/stage3" --max-train-samples "$SI_ALL" --epochs 2 --max-steps "$S4_STEPS" --seed 1 --lr "$S4_LR"
 
-echo "[10/16] bf16 copy of stage 4 (version 5): $RUN/stage4"
+echo "[10/18] bf16 copy of stage 4 (version 5): $RUN/stage4"
 ship "$RUN/train-si3/draft" "$RUN/stage4" "$RUN/train-si3/checkpoint/state.json"
 
-echo "[11/16] stage 5: both self-instruct builds, half of them new to the draft ($ONLINE_DTYPE; log: $RUN/train-si4.log)"
+echo "[11/18] stage 5: both self-instruct builds, half of them new to the draft ($ONLINE_DTYPE; log: $RUN/train-si4.log)"
 SI_DATA="tools/draft/data/selfinstruct tools/draft/data/selfinstruct-s1"
 online_stage "$RUN/train-si4" "$RUN/snaps-si4" "$RUN/stage4" --max-train-samples "$SI5_ALL" --epochs 1 --max-steps "$S5_STEPS" --seed 2 --lr "$S5_LR"
 
-echo "[12/16] bf16 copy of stage 5 (version 6): $RUN/stage5"
+echo "[12/18] bf16 copy of stage 5 (version 6): $RUN/stage5"
 ship "$RUN/train-si4/draft" "$RUN/stage5" "$RUN/train-si4/checkpoint/state.json"
 
-echo "[13/16] stage 6: both builds again, a new order ($ONLINE_DTYPE; log: $RUN/train-si5.log)"
+echo "[13/18] stage 6: both builds again, a new order ($ONLINE_DTYPE; log: $RUN/train-si5.log)"
 done_steps=$(ckpt_step "$RUN/train-si5" || echo 0)
 if [ "$done_steps" -lt "$S6_STOP" ]; then  # its best validation ships (OUT/best: the stop leaves no OUT/draft)
   online_stage "$RUN/train-si5" "$RUN/snaps-si5" "$RUN/stage5" --max-train-samples "$SI5_ALL" --epochs 1 \
     --max-steps "$S6_STEPS" --stop-after $((S6_STOP - done_steps)) --seed 3 --lr "$S6_LR"
 fi
 
-echo "[14/16] bf16 copy of stage 6 (version 7): $RUN/stage6"
+echo "[14/18] bf16 copy of stage 6 (version 7): $RUN/stage6"
 ship "$RUN/train-si5/best" "$RUN/stage6" "$RUN/train-si5/checkpoint/state.json"
 
-echo "[15/16] stage 7: the 16,809 new conversations ($ONLINE_DTYPE; log: $RUN/train-si6.log)"
+echo "[15/18] stage 7: the 16,809 new conversations ($ONLINE_DTYPE; log: $RUN/train-si6.log)"
 SI_DATA="tools/draft/data/selfinstruct-s1 tools/draft/data/selfinstruct-code tools/draft/data/selfinstruct"
 online_stage "$RUN/train-si6" "$RUN/snaps-si6" "$RUN/stage6" --skip-train-samples "$SI7_SKIP" \
   --max-train-samples "$SI7_ALL" --epochs 1 --max-steps "$S7_STEPS" --seed 4 --lr "$S7_LR"
 
-echo "[16/16] offline evaluation on the held-out answers, stages 1-7"
-for stage in stage1 stage2 stage3 stage4 stage5 stage6 train-si6/best; do
+echo "[16/18] bf16 copy of stage 7 (version 8): $RUN/stage7"
+ship "$RUN/train-si6/best" "$RUN/stage7" "$RUN/train-si6/checkpoint/state.json"
+
+echo "[17/18] stage 8: version 8, vocabulary refit, over a mixed window ($ONLINE_DTYPE; log: $RUN/train-si7.log)"
+SI_DATA="tools/draft/data/selfinstruct-s1 tools/draft/data/selfinstruct-write tools/draft/data/selfinstruct-reason tools/draft/data/selfinstruct-code tools/draft/data/selfinstruct"
+online_stage "$RUN/train-si7" "$RUN/snaps-si7" "$RUN/stage7" --refit-vocab --skip-train-samples "$SI8_SKIP" \
+  --max-train-samples "$SI8_ALL" --epochs 1 --max-steps "$S8_STEPS" --seed 6 --lr "$S8_LR"
+
+echo "[18/18] offline evaluation on the held-out answers, stages 1-8"
+for stage in stage1 stage2 stage3 stage4 stage5 stage6 stage7 train-si7/best; do
   for set in mtbench humaneval; do
     "$BIN/specwire" eval --draft "$RUN/$stage" --data "$RUN/eval-$set" --split all --json >"$RUN/eval-${stage%%/*}-$set.json"
   done
@@ -219,6 +243,7 @@ learning_curve "$RUN/train-si3" "$RUN/snaps-si3" learning-curve-si3 "self-instru
 learning_curve "$RUN/train-si4" "$RUN/snaps-si4" learning-curve-si4 "self-instruct conversations seen in stage 5 (0: version 5)"
 learning_curve "$RUN/train-si5" "$RUN/snaps-si5" learning-curve-si5 "self-instruct conversations seen in stage 6 (0: version 6)"
 learning_curve "$RUN/train-si6" "$RUN/snaps-si6" learning-curve-si6 "self-instruct conversations seen in stage 7 (0: version 7)"
+learning_curve "$RUN/train-si7" "$RUN/snaps-si7" learning-curve-si7 "conversations seen in stage 8 (0: version 8, before its vocabulary refit)"
 
 echo "bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/assets/smollm2-135m-eagle3)"
-ship "$RUN/train-si6/best" "$RUN/ship" "$RUN/train-si6/checkpoint/state.json"
+ship "$RUN/train-si7/best" "$RUN/ship" "$RUN/train-si7/checkpoint/state.json"

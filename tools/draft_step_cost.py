@@ -2,11 +2,12 @@
 
 The draft runs once per drafted depth, so its step is paid k times per round: issue 16 asks for at most
 0.04 of a target step. This loads the target as decoding does (`--dtype auto --linear auto`), then the draft
-the ways it can run its products: nn.Linear, and where the target runs rowdot, rowdot reading float32
-weights, rowdot reading its bf16 weights (bitwise the same products), and that through
-`decode.draft_step.ServedStep` (q|k|v and gate|up packed into one product each, no module calls: what
-`load_engine_draft` serves when the target runs rowdot; bitwise the same again); where the target runs the
-AMX kernel (bf16), that kernel through the modules and served; elsewhere nn.Linear served. It times
+the ways it can run its products: nn.Linear, and where the served draft runs rowdot (`engine.draft_kernel`:
+a float32 rowdot target, or a bf16 one off AMX), rowdot reading float32 weights, rowdot reading its bf16
+weights (bitwise the same products), and that through `decode.draft_step.ServedStep` (q|k|v and gate|up
+packed into one product each, no module calls: what `load_engine_draft` serves; bitwise the same again), and
+for a bf16 target nn.Linear in bf16 served the same lean way (what such a draft ran before); where the target
+runs the AMX kernel (bf16), that kernel through the modules and served; elsewhere nn.Linear served. It times
 `decode.engine.draft_step_ms` (one step over w rows after --context cached positions) beside one target
 pass over 1 token after the same context. The forms are interleaved round by round, so a burst of load
 on a shared machine spreads over all of them.
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 
 from specwire.decode import engine
+from specwire.decode.draft_step import ServedStep
 from specwire.decode.engine import draft_step_ms, load_engine_draft
 from specwire.decode.kernels import describe_features, load_decoding_target
 from specwire.draft.checkpoint import load_draft
@@ -73,21 +75,28 @@ def in_loop_ms(draft, target, *, context: int, reps: int = 15) -> dict[int, floa
 
 
 def forms(draft_name: str, target) -> dict:
-    """name -> a draft ready to step: the same weights, four ways of computing its products."""
-    out = {}
-    torch_draft = load_draft(draft_name, device=target.device, dtype=target.dtype)
-    torch_draft.attach_embeddings(target.parts.embed)
-    out["nn.Linear"] = torch_draft
-    if linear_kind(target.model) == "rowdot":
-        f32 = load_draft(draft_name, device=target.device, dtype=target.dtype)
-        f32.attach_embeddings(target.parts.embed)
+    """name -> a draft ready to step: the same weights, each way of computing its products that applies. The
+    last is what `load_engine_draft` serves (`engine.draft_kernel`)."""
+    def module_draft(dtype):
+        d = load_draft(draft_name, device=target.device, dtype=dtype)
+        d.attach_embeddings(target.parts.embed)
+        return d
+
+    out = {"nn.Linear": module_draft(target.dtype)}
+    kernel = engine.draft_kernel(target)
+    if kernel == "rowdot":
+        f32 = module_draft(torch.float32)
         rowdot_linears(f32)
         out["rowdot, float32 weights"] = f32
         modules = load_engine_draft(draft_name, target)
         modules.served = None  # the proposer runs Eagle3Draft.step
         out["rowdot, bf16 weights, through the modules"] = modules
+        if target.dtype != torch.float32:  # a bf16 target off AMX: its own dtype's lean pass, for comparison
+            lean = module_draft(target.dtype)
+            lean.served = ServedStep.build(lean)
+            out[f"nn.Linear in {str(target.dtype).removeprefix('torch.')}, packed, lean pass"] = lean
         out["rowdot, bf16 weights, packed, lean pass (served)"] = load_engine_draft(draft_name, target)
-    elif linear_kind(target.model) == "amx":
+    elif kernel == "amx":
         modules = load_engine_draft(draft_name, target)
         modules.served = None  # the proposer runs Eagle3Draft.step
         out["amx, through the modules"] = modules

@@ -3,7 +3,7 @@
 Every row of a product is bitwise the row a one-row product gives, for every row count and at every
 place among the rows, with and without bias, for widths that do and do not fill its 32-wide steps; the
 values are nn.Linear's to float rounding; a bf16 weight gives bitwise the float32 product over its widened
-values, and a served draft stored in bf16 reads its weights so; a model swapped to it gives nn.Linear's logits to rounding and
+values, and a served draft stored in bf16 reads its weights so (also beside a bf16 target off AMX, losslessly); a model swapped to it gives nn.Linear's logits to rounding and
 runs F.linear under autograd, in the stock baseline and for prefills; and where it cannot run, asking for it is
 refused with the reason.
 """
@@ -156,6 +156,37 @@ def test_the_engine_draft_takes_the_targets_kernel(tiny_target, tmp_path):
             x = torch.randn(3, m.in_features)
             assert torch.equal(m(x), rowdot(x, m.weight, m.bias))
 
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_a_bf16_target_off_amx_serves_a_rowdot_draft_and_stays_lossless(tiny_target, tmp_path, tree):
+    """A bf16 target on nn.Linear (oneDNN or pre-transposed alike) serves its draft on rowdot: float32
+    arithmetic over the draft's bf16 weights, read as bf16 (speed only: the draft needs no invariance). Its
+    inputs come from the bf16 target and its proposals are token ids: decoding stays the target's greedy."""
+    from specwire.decode.engine import SpecConfig, draft_kernel, load_engine_draft, speculative_generate
+    from specwire.decode.plain import plain_generate
+    from helpers import OracleProposer, prompt_of
+
+    path = tiny_target("llama")
+    target = load_target(path, device="cpu", dtype="bfloat16")
+    stored = save_draft(load_draft(random_tiny_draft(load_target(path, device="cpu", dtype="float32"), tmp_path / "d")),
+                        tmp_path / "d16", dtype=torch.bfloat16)
+    draft = load_engine_draft(stored, target)
+    assert draft_kernel(target) == "rowdot" and linear_kind(draft) == "rowdot"
+    assert draft.fc.weight.dtype == torch.float32 and draft.served is not None
+    assert all(m.compact is not None and m.compact.form == "bf16" for m in draft.modules() if isinstance(m, RowDotLinear))
+    fp32 = load_target(path, device="cpu", dtype="float32")
+    assert draft_kernel(fp32) == "torch"  # a float32 target on nn.Linear keeps the reference module draft
+    for n_prompt in (3, 40):
+        prompt = prompt_of(n_prompt, seed=n_prompt)
+        ref = plain_generate(target, prompt, max_new_tokens=24, stop_on_eos=False).output_ids
+        got = speculative_generate(target, draft, prompt, max_new_tokens=24, tree=tree, stop_on_eos=False,
+                                   spec=SpecConfig(budget="fixed"))
+        assert got.output_ids == ref
+        oracle = OracleProposer(prompt, ref, target.spec.vocab_size)  # multi-token verify passes in bf16
+        res = speculative_generate(target, oracle, prompt, max_new_tokens=24, tree=tree, stop_on_eos=False,
+                                   spec=SpecConfig(budget="fixed"))
+        assert res.output_ids == ref and res.extra["accept_length"] > 2
 
 def _builds_here() -> list[str]:
     return [b for b in rowdot_mod.ISA_FLAGS if rowdot_mod._cpu_ok(b) is None]

@@ -148,7 +148,8 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
 
     hs_ids_override (experiments only) replaces the draft's hs ids; it must keep their count.
     """
-    draft = load_draft(name_or_path, device=target.device, dtype=target.dtype)
+    kernel = draft_kernel(target)
+    draft = load_draft(name_or_path, device=target.device, dtype=torch.float32 if kernel == "rowdot" else target.dtype)
     c = draft.config
     if hs_ids_override is not None:
         ids = [int(i) for i in hs_ids_override]
@@ -161,15 +162,37 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
             fix="use the draft trained for this target (or retrain it with `specwire datagen` + `specwire train` "
                 "on this target); `specwire doctor` explains the wiring.",
         )
-    draft.attach_embeddings(target.parts.embed)
-    if linear_kind(target.model) == "rowdot":  # the draft's products take the target's kernel: on a CPU without
-        # native bf16 its one-row product is the faster (speed only: a draft needs no invariance); a draft stored
-        # in bf16 is read as bf16, exactly the same products at half the bytes
+    draft.attach_embeddings(target.parts.embed)  # (the draft casts what it reads from the target to its own dtype)
+    if kernel == "rowdot":  # a draft stored in bf16 is read as bf16: exactly the same products at half the bytes
         rowdot_linears(draft, forms=("bf16",))
-    elif linear_kind(target.model) == "amx":  # a bf16 target on AMX: the draft's one-row products read its bf16
-        amx_linears(draft)  # weights at the memory rate, as the target's do (speed only)
+    elif kernel == "amx":
+        amx_linears(draft)
     draft.served = ServedStep.build(draft)  # the decoding pass: packed products, fewer ops (`decode.draft_step`)
     return draft
+
+
+def draft_kernel(target: Target) -> str:
+    """The kernel of a served draft's products: "rowdot" (float32 arithmetic over the draft's weights, read as bf16
+    where they are bf16 numbers), "amx", or "torch" (the draft's modules in the target's dtype, as loaded).
+
+    A draft needs no invariance (the target's verify pass decides every token), so only speed chooses. It takes
+    the target's kernel where that is rowdot or AMX (both read the draft's bf16 weights at the memory rate in a
+    one-row step). A bf16 target on another CPU kernel (oneDNN, nn.Linear, pre-transposed) gets a rowdot draft
+    where the compiled kernel runs: a one-row bf16 product through torch costs more than rowdot's over the
+    same bf16 bytes, and the draft steps k times a round. (`tools/draft_step_cost.py` times both: on a 2-core
+    Zen 4 with AVX512-BF16 a served one-row step took 1.45 ms on rowdot against 1.94 through oneDNN's bf16, and
+    the bf16 MT-bench chain went from 1.78x to 1.85x plain.) The draft's
+    inputs, the target's states and token embeddings, are cast to float32, exactly; its proposals are token ids,
+    so nothing of its dtype reaches the target. A float32 target on nn.Linear keeps a module draft: the
+    reference path."""
+    from specwire.target.rowdot import available
+
+    kind = linear_kind(target.model)
+    if kind in ("rowdot", "amx"):
+        return kind
+    if target.device.type == "cpu" and target.dtype == torch.bfloat16 and available()[0]:
+        return "rowdot"
+    return "torch"
 
 
 # ---- the draft's KV cache ----------------------------------------------------------------------------

@@ -181,10 +181,9 @@ def draft_kernel(target: Target) -> str:
     where the compiled kernel runs: a one-row bf16 product through torch costs more than rowdot's over the
     same bf16 bytes, and the draft steps k times a round. (`tools/draft_step_cost.py` times both: on a 2-core
     Zen 4 with AVX512-BF16 a served one-row step took 1.45 ms on rowdot against 1.94 through oneDNN's bf16, and
-    the bf16 MT-bench chain went from 1.78x to 1.85x plain.) The draft's
-    inputs, the target's states and token embeddings, are cast to float32, exactly; its proposals are token ids,
-    so nothing of its dtype reaches the target. A float32 target on nn.Linear keeps a module draft: the
-    reference path."""
+    the bf16 MT-bench chain went from 1.78x to 1.85x plain.) The draft's inputs, the target's states and token
+    embeddings, are cast to float32, exactly; its proposals are token ids, so nothing of its dtype reaches the
+    target. A float32 target on nn.Linear keeps a module draft: the reference path."""
     from specwire.target.rowdot import available
 
     kind = linear_kind(target.model)

@@ -2,7 +2,7 @@
 
 The draft runs once per drafted depth, so its step is paid k times per round: issue 16 asks for at most
 0.04 of a target step. This loads the target as decoding does (`--dtype auto --linear auto`), then the draft
-the ways it can run its products: nn.Linear, and where the served draft runs rowdot (`engine.draft_kernel`:
+the ways it can run its products: nn.Linear, and where the served draft runs rowdot (`draft_step.draft_kernel`:
 a float32 rowdot target, or a bf16 one off AMX), rowdot reading float32 weights, rowdot reading its bf16
 weights (bitwise the same products), and that through `decode.draft_step.ServedStep` (q|k|v and gate|up
 packed into one product each, no module calls: what `load_engine_draft` serves; bitwise the same again), and
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from specwire.decode import engine
-from specwire.decode.draft_step import ServedStep
+from specwire.decode.draft_step import ServedStep, draft_kernel
 from specwire.decode.engine import draft_step_ms, load_engine_draft
 from specwire.decode.kernels import describe_features, load_decoding_target
 from specwire.draft.checkpoint import load_draft
@@ -76,14 +76,14 @@ def in_loop_ms(draft, target, *, context: int, reps: int = 15) -> dict[int, floa
 
 def forms(draft_name: str, target) -> dict:
     """name -> a draft ready to step: the same weights, each way of computing its products that applies. The
-    last is what `load_engine_draft` serves (`engine.draft_kernel`)."""
+    last is what `load_engine_draft` serves (`draft_step.draft_kernel`)."""
     def module_draft(dtype):
         d = load_draft(draft_name, device=target.device, dtype=dtype)
         d.attach_embeddings(target.parts.embed)
         return d
 
     out = {"nn.Linear": module_draft(target.dtype)}
-    kernel = engine.draft_kernel(target)
+    kernel = draft_kernel(target)
     if kernel == "rowdot":
         f32 = module_draft(torch.float32)
         rowdot_linears(f32)

@@ -163,7 +163,8 @@ def test_a_bf16_target_off_amx_serves_a_rowdot_draft_and_stays_lossless(tiny_tar
     """A bf16 target on nn.Linear (oneDNN or pre-transposed alike) serves its draft on rowdot: float32
     arithmetic over the draft's bf16 weights, read as bf16 (speed only: the draft needs no invariance). Its
     inputs come from the bf16 target and its proposals are token ids: decoding stays the target's greedy."""
-    from specwire.decode.engine import SpecConfig, draft_kernel, load_engine_draft, speculative_generate
+    from specwire.decode.draft_step import draft_kernel
+    from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
     from specwire.decode.plain import plain_generate
     from helpers import OracleProposer, prompt_of
 

@@ -1,11 +1,12 @@
 """The served draft's layer pass: the maths of `Eagle3Draft.step` in the fewest tensor ops, for decoding.
 
 Scope: `ServedStep`, built once per served draft by `decode.engine.load_engine_draft` (`ServedStep.build`,
-kept as `draft.served`), which runs one draft layer pass over T rows against a proposer's `DraftKVCache`.
+kept as `draft.served`), which runs one draft layer pass over T rows against a proposer's `DraftKVCache`, and
+`draft_kernel`, which kernel the served draft's products run beside a given target.
 Does not own the maths (`draft.model`: `Eagle3Draft.step` is the definition, and training and `specwire
 eval` run it; `tests/unit/test_draft_step.py` checks this pass against it, bitwise), the cache
-(`decode.engine.DraftKVCache`), the rope table (`decode.engine.EagleProposer._rope`) nor the choice of
-kernels (`target.fastlinear`).
+(`decode.engine.DraftKVCache`), the rope table (`decode.engine.EagleProposer._rope`) nor the kernels
+themselves (`target.fastlinear`).
 
 Why: the draft runs once per drafted depth, so its step is paid k times per round, and the speed issue
 asks for at most 0.04 of a target step. On a CPU one draft step over one row is a handful of products and
@@ -20,11 +21,16 @@ draft is not trained further.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from specwire.draft.model import Eagle3Draft, apply_rope, rms_norm
-from specwire.target.fastlinear import concat_linears
+from specwire.target.fastlinear import concat_linears, linear_kind
+
+if TYPE_CHECKING:
+    from specwire.target.load import Target
 
 
 class ServedStep:
@@ -76,3 +82,26 @@ class ServedStep:
         if last_only:
             h = h[:, -1:]
         return self.head(rms_norm(h, self.w_final, eps))[0], h[0]
+
+
+def draft_kernel(target: Target) -> str:
+    """The kernel of a served draft's products: "rowdot" (float32 arithmetic over the draft's weights, read as bf16
+    where they are bf16 numbers), "amx", or "torch" (the draft's modules in the target's dtype, as loaded).
+
+    A draft needs no invariance (the target's verify pass decides every token), so only speed chooses. It takes
+    the target's kernel where that is rowdot or AMX (both read the draft's bf16 weights at the memory rate in a
+    one-row step). A bf16 target on another CPU kernel (oneDNN, nn.Linear, pre-transposed) gets a rowdot draft
+    where the compiled kernel runs: a one-row bf16 product through torch costs more than rowdot's over the
+    same bf16 bytes, and the draft steps k times a round. (`tools/draft_step_cost.py` times both: on a 2-core
+    Zen 4 with AVX512-BF16 a served one-row step took 1.45 ms on rowdot against 1.94 through oneDNN's bf16, and
+    the bf16 MT-bench chain went from 1.78x to 1.85x plain.) The draft's inputs, the target's states and token
+    embeddings, are cast to float32, exactly; its proposals are token ids, so nothing of its dtype reaches the
+    target. A float32 target on nn.Linear keeps a module draft: the reference path."""
+    from specwire.target.rowdot import available
+
+    kind = linear_kind(target.model)
+    if kind in ("rowdot", "amx"):
+        return kind
+    if target.device.type == "cpu" and target.dtype == torch.bfloat16 and available()[0]:
+        return "rowdot"
+    return "torch"

@@ -71,7 +71,7 @@ from specwire.draft.model import AttendFn, Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
 from specwire.decode.budget import (DEFAULT_ACCEPTANCE, DEFAULT_ACCEPTANCE_TOPK, AcceptanceModel, Budget, CostModel,
                                     choose_budget)
-from specwire.decode.draft_step import ServedStep
+from specwire.decode.draft_step import ServedStep, draft_kernel
 from specwire.decode.plain import GenerationResult, check_request
 from specwire.decode.sampling import (SamplingParams, greedy_token, logits_to_probs, make_generator, next_token,
                                       sample_from)
@@ -169,29 +169,6 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
         amx_linears(draft)
     draft.served = ServedStep.build(draft)  # the decoding pass: packed products, fewer ops (`decode.draft_step`)
     return draft
-
-
-def draft_kernel(target: Target) -> str:
-    """The kernel of a served draft's products: "rowdot" (float32 arithmetic over the draft's weights, read as bf16
-    where they are bf16 numbers), "amx", or "torch" (the draft's modules in the target's dtype, as loaded).
-
-    A draft needs no invariance (the target's verify pass decides every token), so only speed chooses. It takes
-    the target's kernel where that is rowdot or AMX (both read the draft's bf16 weights at the memory rate in a
-    one-row step). A bf16 target on another CPU kernel (oneDNN, nn.Linear, pre-transposed) gets a rowdot draft
-    where the compiled kernel runs: a one-row bf16 product through torch costs more than rowdot's over the
-    same bf16 bytes, and the draft steps k times a round. (`tools/draft_step_cost.py` times both: on a 2-core
-    Zen 4 with AVX512-BF16 a served one-row step took 1.45 ms on rowdot against 1.94 through oneDNN's bf16, and
-    the bf16 MT-bench chain went from 1.78x to 1.85x plain.) The draft's inputs, the target's states and token
-    embeddings, are cast to float32, exactly; its proposals are token ids, so nothing of its dtype reaches the
-    target. A float32 target on nn.Linear keeps a module draft: the reference path."""
-    from specwire.target.rowdot import available
-
-    kind = linear_kind(target.model)
-    if kind in ("rowdot", "amx"):
-        return kind
-    if target.device.type == "cpu" and target.dtype == torch.bfloat16 and available()[0]:
-        return "rowdot"
-    return "torch"
 
 
 # ---- the draft's KV cache ----------------------------------------------------------------------------

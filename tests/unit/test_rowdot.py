@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import random_tiny_draft
+from helpers import OracleProposer, prompt_of, random_tiny_draft
 from specwire.draft.checkpoint import load_draft, save_draft
 from specwire.errors import SpecwireError
 from specwire.target import amx as amx_mod
@@ -166,7 +166,6 @@ def test_a_bf16_target_off_amx_serves_a_rowdot_draft_and_stays_lossless(tiny_tar
     from specwire.decode.draft_step import draft_kernel
     from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
     from specwire.decode.plain import plain_generate
-    from helpers import OracleProposer, prompt_of
 
     path = tiny_target("llama")
     target = load_target(path, device="cpu", dtype="bfloat16")

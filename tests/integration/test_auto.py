@@ -15,7 +15,7 @@ import torch
 
 from helpers import make_draft_dir, prompt_of
 from specwire.decode import engine, kernels
-from specwire.decode.budget import Budget
+from specwire.decode.budget import PROBE_AFTER, Budget
 from specwire.decode.engine import AutoBudget, SpecConfig, load_engine_draft, speculative_generate
 from specwire.decode.plain import plain_generate
 from specwire.draft.acceptance import DraftAcceptance, read_acceptance, write_acceptance
@@ -61,24 +61,27 @@ def test_auto_probes_after_plain_steps_and_the_draft_reads_the_skipped_positions
         return real(self, states, tokens, start, **kw)
 
     monkeypatch.setattr(engine.EagleProposer, "propose", spy)
-    # a curve on which a multi-token pass costs 2x a plain step (a tiny target's own curve is flat and noisy),
-    # so the random draft's zero acceptance sends auto to plain steps, whatever else runs on the machine
+    # a machine on which a multi-token pass costs 2x a plain step: the curve says so and every timed pass is
+    # learnt at the curve's figure (a tiny target's own passes cost about the same at any size, and `auto` would
+    # learn that), so the random draft's low acceptance sends auto to plain steps, whatever else runs here
     steep = CostCurve("float32/torch", list(range(1, 18)), [10.0] + [20.0] * 16, min_rows=1, invariant=True)
     monkeypatch.setattr(kernels, "cost_curve", lambda target: steep)
+    timed = engine.AutoBudget.observe_pass
+    monkeypatch.setattr(engine.AutoBudget, "observe_pass", lambda self, T, ms: timed(self, T, self.cost.curve(T)))
     prompt = prompt_of(6, seed=3)
-    n = 4 * engine.PROBE_AFTER
+    n = 4 * PROBE_AFTER
     ref = plain_generate(target, prompt, max_new_tokens=n, stop_on_eos=False)
     res = speculative_generate(target, draft, prompt, max_new_tokens=n, spec=SpecConfig(tree=False), stop_on_eos=False)
     assert res.output_ids == ref.output_ids
     report = res.extra["budget_used"]
-    assert report["probes"] >= 1 and res.extra["plain_steps"] >= engine.PROBE_AFTER, report
+    assert report["probes"] >= 1 and res.extra["plain_steps"] >= PROBE_AFTER, report
     # every proposal after the first reads the target's own states at positions start.., whatever ran before
     seq = torch.tensor([prompt + res.output_ids])
     with capture_hooks(target.parts, draft.config.wiring.hs_ids) as store:
         target.model(input_ids=seq)
         full = torch.cat([store[i] for i in draft.config.wiring.hs_ids], dim=-1)[0]  # shape: [len, n*H]
     backlogs = [t.shape[0] for _, t, _ in fed[1:]]
-    assert max(backlogs) > engine.PROBE_AFTER  # a probe's first round reads the plain steps' positions
+    assert max(backlogs) > PROBE_AFTER  # a probe's first round reads the plain steps' positions
     for states, tokens, start in fed[1:]:
         T = tokens.shape[0]
         assert tokens.tolist() == seq[0, start + 1:start + 1 + T].tolist()

@@ -7,6 +7,9 @@
 - A cost cache measured under another key (foreign or stale) is ignored, never trusted.
 - Live timings that are all slower than the curve move its scale, not the per-round overhead, so a slower
   machine does not turn speculation off; a probe is the best budget that speculates.
+- Each pass size learns its own ratio to the curve (a size not timed takes its neighbours'), and the planner
+  explores a close runner-up of another size, so a curve whose shape is wrong (it underrates the wide tree
+  it ran) ends at the budget a brute-force search over the true costs would choose.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import logging
 
 import pytest
 
-from specwire.decode.budget import AcceptanceModel, Budget, CostModel, candidates, choose_budget, evaluate
+from specwire.decode.budget import (KNOWN_PASSES, AcceptanceModel, Budget, CostModel, Planner, candidates, choose_budget,
+                                    evaluate, runner_up)
 
 FLAT = {T: 30.0 + 0.2 * T for T in range(1, 18)}  # bf16 on AMX: 16 tokens cost about what 1 does
 STEEP = {T: 30.0 * (1 + 0.18 * (T - 1)) for T in range(1, 18)}  # fp32: a 6-token pass ~1.9x a 1-token one
@@ -213,3 +217,86 @@ def test_carried_counts_keep_the_rate_and_cap_the_rounds():
     assert [c[2] / c[1] for c in capped] == [a / r for _, r, a in acc.live]
     again = AcceptanceModel([0.5, 0.4], [0.7, 0.6], 4, live=capped)
     assert 1.0 > again.rates(Budget(2))[0] > 0.5 > again.rates(Budget(2))[1]
+
+
+def test_each_pass_size_learns_its_ratio_and_a_size_not_timed_takes_its_neighbours():
+    cost = CostModel(dict(STEEP), {1: 1.0})
+    assert cost.ratio(5) == 1.0 and cost.target(5) == STEEP[5]
+    for _ in range(80):
+        cost.learn_pass(2, 1.2 * STEEP[2])
+        cost.learn_pass(10, 1.6 * STEEP[10])
+    assert cost.ratio(2) == pytest.approx(1.2) and cost.ratio(10) == pytest.approx(1.6)
+    assert cost.ratio(6) == pytest.approx(1.4)  # between two timed sizes: linear in T
+    assert cost.ratio(1) == pytest.approx(1.2) and cost.ratio(16) == pytest.approx(1.6)  # past the ends: the nearest
+    assert cost.target(16) == pytest.approx(1.6 * STEEP[16]) and cost.known(10) == 80 and cost.known(6) == 0
+    assert 1.2 < cost.scale < 1.6  # the scale over every size: what a request starts from before it times any
+
+
+def _simulate(acc, curve, true_ms, draft_ms, caps, rounds):
+    """The planner's rounds against a machine whose passes cost `true_ms`; returns it and the budgets it ran."""
+    plan = Planner(acc, CostModel(dict(curve), draft_ms), **caps)
+    ran = []
+    for _ in range(rounds):
+        b = plan.next()
+        ran.append(b)
+        plan.cost.learn_pass(b.pass_tokens, true_ms[b.pass_tokens])
+        if b.num_steps:
+            draft = draft_ms[1] + (b.num_steps - 1) * draft_ms[b.topk] if not b.is_chain else b.num_steps * draft_ms[1]
+            plan.cost.learn_round(b, true_ms[b.pass_tokens] + draft)
+    return plan, ran
+
+
+MID = ([0.6, 0.55, 0.5, 0.45, 0.4], [0.8, 0.75, 0.7, 0.65, 0.6])
+
+
+@pytest.mark.parametrize("profile", [GOOD, MID, WEAK], ids=["good", "mid", "weak"])
+@pytest.mark.parametrize("slope", [0.0, 0.04, 0.06, 0.1])
+def test_auto_ends_near_the_true_best_when_the_curve_underrates_the_wide_passes(profile, slope):
+    """The curve is flat (measured in a quiet moment, say); on the machine a pass over T tokens costs
+    1.3 x (1 + slope (T - 1)) x the curve. One scale for every size would keep the wide tree the curve
+    prefers; timing each size it runs and exploring close runners-up ends within 3% of the true best, and the
+    whole run, exploring included, beats keeping the curve's choice (and costs little where the curve's shape
+    was right)."""
+    acc = AcceptanceModel(*profile)
+    draft_ms = {w: 1.0 for w in (1, 2, 3, 4)}
+    caps = dict(max_steps=7, max_topk=4, max_tokens=16, tree=True)
+    true_ms = {T: 1.3 * FLAT[T] * (1 + slope * (T - 1)) for T in FLAT}
+    true = CostModel(true_ms, draft_ms)
+    s, w, n = brute_force(*profile, 4, true_ms, draft_ms, 0.0, max_steps=7, max_topk=4, max_tokens=16, tree=True)
+    truth = evaluate(Budget(s) if w == 1 else Budget(s, w, n), acc, true)
+    on_curve = evaluate(choose_budget(acc, CostModel(dict(FLAT), draft_ms), **caps).budget, acc, true)
+    plan, ran = _simulate(acc, FLAT, true_ms, draft_ms, caps, rounds=400)
+    end = evaluate(choose_budget(acc, plan.cost, **caps).budget, acc, true)
+    whole = 1000 * sum(evaluate(b, acc, true).tokens_per_round for b in ran) / sum(true.round_ms(b) for b in ran)
+    assert end.tokens_per_s >= 0.97 * truth.tokens_per_s
+    if slope:
+        assert on_curve.tokens_per_s < 0.98 * truth.tokens_per_s  # the curve's own choice is wrong here
+        assert whole > on_curve.tokens_per_s and plan.explored >= 1
+    else:
+        assert end.budget == on_curve.budget and whole >= 0.97 * truth.tokens_per_s
+
+
+def test_a_runner_up_is_close_of_another_size_and_far_from_the_sizes_timed():
+    acc = AcceptanceModel(*GOOD)
+    cost = CostModel(dict(FLAT), {w: 1.0 for w in (1, 2, 3, 4)})
+    caps = dict(max_steps=7, max_topk=4, max_tokens=16, tree=True)
+    best = choose_budget(acc, cost, **caps)
+    for _ in range(KNOWN_PASSES):
+        cost.learn_pass(best.budget.pass_tokens, FLAT[best.budget.pass_tokens])
+    other = runner_up(acc, cost, best, **caps)
+    assert other is not None and other.budget.pass_tokens != best.budget.pass_tokens
+    assert other.tokens_per_s >= 0.85 * best.tokens_per_s
+    close = [evaluate(b, acc, cost) for b in candidates(7, 4, 16, tree=True, depth=acc.depth)]
+    close = [c for c in close if c.tokens_per_s >= 0.85 * best.tokens_per_s]
+    far = max(abs(c.budget.pass_tokens - best.budget.pass_tokens) for c in close)
+    assert abs(other.budget.pass_tokens - best.budget.pass_tokens) == far
+    # every close size timed enough: nothing left to explore; and plain decoding as the best explores nothing
+    for c in close:
+        for _ in range(KNOWN_PASSES):
+            cost.learn_pass(c.budget.pass_tokens, FLAT[c.budget.pass_tokens])
+    assert runner_up(acc, cost, best, **caps) is None
+    weak = AcceptanceModel(*WEAK)
+    steep = CostModel(dict(CLIFF), {w: 1.7 for w in (1, 2, 3, 4)})
+    plain = choose_budget(weak, steep, max_steps=5, max_topk=4, max_tokens=16, tree=True)
+    assert plain.budget == Budget(0) and runner_up(weak, steep, plain, max_steps=5, max_topk=4, max_tokens=16,
+                                                    tree=True) is None

@@ -3,9 +3,11 @@
 Scope: `Budget` (draft depth, branching and tokens verified per pass; depth 0 = no speculation), the
 acceptance model (`AcceptanceModel`: the draft's acceptance per position, top-1 and top-k, with live
 corrections), the cost model (`CostModel`: target pass ms by pass size, draft step ms by width, per-round
-overhead), and `choose_budget`, which returns the budget of highest expected tokens per second within
-a SpecConfig's caps. Pure: no models, no clocks. The engine feeds it measurements (`decode.kernels`
-for the target's cost curve, the engine for draft costs and live acceptance).
+overhead, learnt live per pass size), `choose_budget`, which returns the budget of highest expected tokens
+per second within a SpecConfig's caps, and `Planner`, which picks each round's budget from them (replans,
+probes after plain steps, exploring a close runner-up). Pure: no models, no clocks. The engine feeds it
+measurements (`decode.kernels` for the target's cost curve, the engine for draft costs, pass and round
+times, and live acceptance).
 
 The model. For a chain of depth k whose draft token j is accepted with probability a_j given that
 tokens 0..j-1 were, a round yields on average
@@ -20,9 +22,22 @@ and C = target(n + 1) + draft(1) + (k - 1) draft(w) + overhead. No speculation (
 C = target(1). `auto` picks the budget with the largest E / C; ties go to the smaller budget.
 
 Live costs: the curve was measured once, on a machine whose speed drifts (other jobs, context length,
-clock). Each timed target pass moves `scale` (observed / curve ms) and each timed round moves the
-overhead (what the scaled target and the draft do not explain), so plain steps and speculative rounds
-are compared at today's speed: a slower machine scales both sides, not only the speculative one.
+clock), and a few passes a size on a shared machine can bend its shape by 10-20%. Each timed target pass
+moves `scale` (observed / curve ms, over every size) and the ratio of its own pass size; each timed round
+moves the overhead (what the scaled target and the draft do not explain). A size not yet timed takes the
+ratio of the timed sizes beside it (`CostModel.ratio`), so plain steps and speculative rounds are compared
+at today's speed, and a slower machine scales both sides, not only the speculative one.
+
+Exploring: a pass size `auto` never runs keeps the ratio of the sizes it does run, so a curve that
+underrates the size it runs (a wide tree, say) would never be corrected against the chain it does not
+run. `Planner` therefore, every other replan, runs for one replan period a budget whose pass size has
+been timed fewer than `KNOWN_PASSES` times, if the model puts it within `EXPLORE_MARGIN` of the best
+(`runner_up`: the size farthest from those timed, so the shape is learnt across the range first). That
+costs a few rounds, at most that margin below the best, for each size near enough to matter, once: what
+was learnt is carried from one request to the next. If the machine's speed drifts, the ratio of a size not
+run lately goes stale: after a slowdown those sizes look cheaper than they are, so `auto` runs them and times
+them again; after a speed-up they look dearer, and the size it runs keeps a place it would have kept anyway
+(a uniform change leaves the order of budgets as it was).
 
 Live corrections: the engine reports, per draft position, how often it was reached and accepted under
 the budget it ran. The model keeps, per position, the posterior of a Beta-like update with
@@ -38,7 +53,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PRIOR_ROUNDS = 16.0  # weight of the offline acceptance against live rounds
-LEARN_RATE = 0.2  # weight of one timed pass or round in the learnt scale and overhead (an EMA)
+LEARN_RATE = 0.2  # weight of one timed pass or round in the learnt scale, ratios and overhead (an EMA)
+REPLAN_EVERY = 4  # rounds between two budget choices
+PROBE_AFTER = 32  # plain steps before `auto` speculates again for one replan period
+KNOWN_PASSES = 8  # timed passes of a size after which its ratio is trusted (it is no longer explored)
+EXPLORE_MARGIN = 0.15  # a runner-up is explored if the model expects at least 1 - this of the best's tokens/s
 DEFAULT_ACCEPTANCE = (0.3, 0.25, 0.2, 0.2, 0.2)  # a cautious prior for a draft with no acceptance.json
 DEFAULT_ACCEPTANCE_TOPK = (0.5, 0.45, 0.4, 0.4, 0.4)
 
@@ -76,6 +95,7 @@ class CostModel:
     draft_ms: dict[int, float]  # width w -> ms of one draft step over w rows
     overhead_ms: float = 0.0  # per speculative round, outside target and draft (bookkeeping)
     scale: float = 1.0  # the target's passes now against the curve's (observed ms / curve ms), learnt live
+    passes: dict[int, list[float]] = field(default_factory=dict)  # pass size T -> [observed / curve ms, passes timed]
 
     def curve(self, T: int) -> float:
         """The measured curve's ms for a pass over T tokens (unscaled)."""
@@ -85,13 +105,34 @@ class CostModel:
                 return self.target_ms[t]
         return self.target_ms[known[-1]] * T / known[-1]  # past the curve: assume linear growth
 
+    def ratio(self, T: int) -> float:
+        """Live ms / curve ms for a pass over T tokens: its own if timed, else interpolated linearly in T between
+        the timed sizes beside it (the nearest one past either end), else `scale`."""
+        timed = sorted(self.passes)
+        if not timed:
+            return self.scale
+        if T in self.passes:
+            return self.passes[T][0]
+        below, above = [t for t in timed if t < T], [t for t in timed if t > T]
+        if not below or not above:
+            return self.passes[(below or above)[-1 if below else 0]][0]
+        lo, hi = below[-1], above[0]
+        return self.passes[lo][0] + (self.passes[hi][0] - self.passes[lo][0]) * (T - lo) / (hi - lo)
+
     def target(self, T: int) -> float:
-        return self.curve(T) * self.scale
+        return self.curve(T) * self.ratio(T)
+
+    def known(self, T: int) -> int:
+        """How many passes over T tokens have been timed."""
+        return int(self.passes[T][1]) if T in self.passes else 0
 
     def learn_pass(self, T: int, ms: float) -> None:
-        """One timed target pass over T tokens: moves `scale` towards observed / curve (an EMA, LEARN_RATE)."""
+        """One timed target pass over T tokens: moves `scale` and T's ratio towards observed / curve (EMAs at
+        LEARN_RATE; a size timed for the first time starts from the ratio it was given until then)."""
         curve = self.curve(T)
         if curve > 0 and ms > 0:
+            r, n = self.passes.get(T, (self.ratio(T), 0))
+            self.passes[T] = [(1 - LEARN_RATE) * r + LEARN_RATE * ms / curve, n + 1]
             self.scale = (1 - LEARN_RATE) * self.scale + LEARN_RATE * ms / curve
 
     def learn_round(self, b: Budget, ms: float) -> None:
@@ -222,3 +263,64 @@ def choose_budget(acceptance: AcceptanceModel, cost: CostModel, *, max_steps: in
         if best is None or c.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
             best = c
     return best
+
+
+def runner_up(acceptance: AcceptanceModel, cost: CostModel, best: Choice, *, max_steps: int, max_topk: int,
+              max_tokens: int, tree: bool) -> Choice | None:
+    """A budget worth running for one replan period to time its pass size: among those whose size has been timed
+    fewer than KNOWN_PASSES times and that the model expects at least 1 - EXPLORE_MARGIN of `best`'s tokens per
+    second from, the one whose size lies farthest from every size already timed (then the faster), so that a
+    few explorations learn the curve's shape across the range, not one size beside another. None if there is
+    none, or if `best` is plain decoding (the probes look past that)."""
+    if best.budget.num_steps == 0:
+        return None
+    timed = [t for t in cost.passes if cost.known(t)] or [best.budget.pass_tokens]
+    out, out_key = None, None
+    for b in candidates(max_steps, max_topk, max_tokens, tree=tree, depth=acceptance.depth):
+        if b.pass_tokens == best.budget.pass_tokens or cost.known(b.pass_tokens) >= KNOWN_PASSES:
+            continue
+        c = evaluate(b, acceptance, cost)
+        if c.tokens_per_s < (1 - EXPLORE_MARGIN) * best.tokens_per_s:
+            continue
+        key = (min(abs(b.pass_tokens - t) for t in timed), c.tokens_per_s)
+        if out_key is None or key[0] > out_key[0] or (key[0] == out_key[0] and key[1] > out_key[1] * (1 + 1e-9)):
+            out, out_key = c, key
+    return out
+
+
+@dataclass
+class Planner:
+    """Which budget each round runs under `auto`: the best by the model, chosen again every REPLAN_EVERY rounds;
+    after PROBE_AFTER plain steps, the best that speculates (a probe, since plain steps teach nothing about
+    acceptance: a draft that lost on a hard passage may win on the next); and, every other replan, the
+    `runner_up` if there is one (exploring a pass size not yet timed). The caller times what ran and feeds
+    `cost` and `acceptance`."""
+
+    acceptance: AcceptanceModel
+    cost: CostModel
+    max_steps: int
+    max_topk: int
+    max_tokens: int
+    tree: bool
+    current: Budget | None = None
+    rounds: int = 0
+    replans: int = 0
+    plain_run: int = 0  # plain steps since the last speculative round
+    probes: int = 0
+    explored: int = 0  # replan periods spent on a runner-up
+    used: dict[str, int] = field(default_factory=dict)  # rounds per budget label
+
+    def next(self) -> Budget:
+        if self.current is None or self.rounds % REPLAN_EVERY == 0:
+            caps = dict(max_steps=self.max_steps, max_topk=self.max_topk, max_tokens=self.max_tokens, tree=self.tree)
+            probe = self.current is not None and self.current.num_steps == 0 and self.plain_run >= PROBE_AFTER
+            choice = choose_budget(self.acceptance, self.cost, **caps, speculate=probe)
+            other = runner_up(self.acceptance, self.cost, choice, **caps) if self.replans % 2 and not probe else None
+            self.current = (other or choice).budget
+            self.probes += probe
+            self.explored += other is not None
+            self.replans += 1
+        self.rounds += 1
+        self.plain_run = self.plain_run + 1 if self.current.num_steps == 0 else 0
+        self.used[self.current.label()] = self.used.get(self.current.label(), 0) + 1
+        return self.current

@@ -41,16 +41,17 @@ Metrics in `GenerationResult.extra`:
   target_forwards, num_verify_passes, tree (the mode actually used), tree_fallback (why not, if so).
   budget               "auto" or "fixed"; budget_used: rounds per budget label ("none": plain steps that
                        `auto` chose instead of speculating), and under auto the costs it used (target_ms by
-                       pass size, draft_ms by width, the learnt overhead_ms and scale, probes); plain_steps.
+                       pass size, draft_ms by width, the learnt overhead_ms, scale and pass_ratio by size,
+                       probes, explored); plain_steps.
 
-Under `SpecConfig.budget == "auto"` (`AutoBudget`, maths in `decode.budget`) each round's depth, branching and
-token count are chosen every REPLAN_EVERY rounds from the target's cost curve (`decode.kernels.cost_curve`),
-the draft's measured step cost (`draft_step_ms`) and its acceptance (acceptance.json, corrected by live
-rounds). When no speculation pays, the request takes plain steps, and after PROBE_AFTER of
-them speculates for one replan period again; the draft then first reads the positions it skipped. Every
-target pass and round is timed: the curve's live scale and the per-round overhead are learnt from them
-and carried to the next request of the same target and draft (`_learnt_costs`), and so is the live
-acceptance, per mode, over at most CARRY_ROUNDS rounds (`_learnt_acceptance`).
+Under `SpecConfig.budget == "auto"` (`AutoBudget`; the maths and the replan, probe and explore rules in
+`decode.budget`) each round's depth, branching and token count come from the target's cost curve
+(`decode.kernels.cost_curve`), the draft's measured step cost (`draft_step_ms`) and its acceptance
+(acceptance.json, corrected by live rounds). When no speculation pays, the request takes plain steps and
+probes with speculation now and then; the draft then first reads the positions it skipped. Every
+target pass and round is timed: the curve's live scale, its ratio per pass size and the per-round overhead
+are learnt from them and carried to the next request of the same target and draft (`_learnt_costs`), and
+so is the live acceptance, per mode, over at most CARRY_ROUNDS rounds (`_learnt_acceptance`).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import AttendFn, Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
 from specwire.decode.budget import (DEFAULT_ACCEPTANCE, DEFAULT_ACCEPTANCE_TOPK, AcceptanceModel, Budget, CostModel,
-                                    choose_budget)
+                                    Planner)
 from specwire.decode.draft_step import ServedStep, draft_kernel
 from specwire.decode.plain import GenerationResult, check_request
 from specwire.decode.sampling import (SamplingParams, greedy_token, logits_to_probs, make_generator, next_token,
@@ -383,10 +384,8 @@ def keep_accepted(cache, past: int, keep: list[int]) -> None:
 
 # ---- the speculation budget per round -------------------------------------------------------------------
 
-REPLAN_EVERY = 4  # rounds between two budget choices under `auto`
-PROBE_AFTER = 32  # plain steps under `auto` before it speculates again for one replan period
 _draft_costs: "weakref.WeakKeyDictionary[Eagle3Draft, dict]" = weakref.WeakKeyDictionary()
-# target model -> draft -> (scale, overhead_ms) that `auto` learnt, carried from one request to the next
+# target model -> draft -> (scale, overhead_ms, per-size ratios) that `auto` learnt, carried from one request to the next
 _learnt_costs: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
 # target model -> draft -> {tree mode: live acceptance counts (`AcceptanceModel.live`)}, carried the same way
 _learnt_acceptance: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
@@ -435,14 +434,14 @@ def draft_step_ms(draft: Eagle3Draft, widths=(1, 2, 3, 4), *, context: int = 64,
 
 
 class AutoBudget:
-    """`auto`: the budget of each round, from the target's cost curve, the draft's step cost and acceptance.
+    """`auto`: the budget of each round (`budget.Planner`), from the target's cost curve, the draft's step cost
+    and acceptance.
 
     The acceptance starts from the draft's acceptance.json (a cautious prior without one), corrected by the
     live rounds of earlier requests of the same target, draft and mode (tree or chain; at most CARRY_ROUNDS
-    per position), and learns from the request's own rounds. The cost curve's live scale and the per-round
-    overhead are learnt from timed passes and rounds, and carried to the next request the same way. After `PROBE_AFTER`
-    plain steps it speculates for one replan period (a probe), since plain steps teach it nothing about
-    acceptance: a draft that lost on a hard passage may win on the next.
+    per position), and learns from the request's own rounds. The cost curve's live scale, its ratio per pass
+    size and the per-round overhead are learnt from timed passes and rounds, and carried to the next request
+    the same way.
     """
 
     def __init__(self, target: Target, draft: Eagle3Draft, spec: SpecConfig, tree: bool):
@@ -458,35 +457,26 @@ class AutoBudget:
         self.cost = CostModel(dict(zip(curve.tokens, curve.ms)), draft_step_ms(draft, widths))
         self._learnt = _learnt_costs.setdefault(target.model, weakref.WeakKeyDictionary())
         self._draft = draft
-        self.cost.scale, self.cost.overhead_ms = self._learnt.get(draft, (1.0, 0.0))
+        scale, overhead, passes = self._learnt.get(draft, (1.0, 0.0, {}))
+        self.cost.scale, self.cost.overhead_ms, self.cost.passes = scale, overhead, {T: list(v) for T, v in passes.items()}
         self._learnt_live = _learnt_acceptance.setdefault(target.model, weakref.WeakKeyDictionary()).setdefault(draft, {})
         carried = self._learnt_live.get(tree)
         if carried and len(carried) == self.acceptance.depth:
             self.acceptance.live = [list(counts) for counts in carried]
         self.carried_rounds = int(max((c[1] for c in self.acceptance.live), default=0))  # (what it starts from)
-        self.spec, self.tree = spec, tree
-        self.current: Budget | None = None
-        self.rounds = 0
-        self.plain_run = 0  # plain steps since the last speculative round
-        self.probes = 0
-        self.used: dict[str, int] = {}
+        self.tree = tree
+        self.plan = Planner(self.acceptance, self.cost, spec.num_steps, spec.topk, spec.num_draft_tokens, tree)
 
     def next(self) -> Budget:
-        if self.current is None or self.rounds % REPLAN_EVERY == 0:
-            probe = self.current is not None and self.current.num_steps == 0 and self.plain_run >= PROBE_AFTER
-            self.current = choose_budget(self.acceptance, self.cost, max_steps=self.spec.num_steps,
-                                         max_topk=self.spec.topk, max_tokens=self.spec.num_draft_tokens,
-                                         tree=self.tree, speculate=probe).budget
-            self.probes += probe
-        self.rounds += 1
-        self.plain_run = self.plain_run + 1 if self.current.num_steps == 0 else 0
-        self.used[self.current.label()] = self.used.get(self.current.label(), 0) + 1
-        return self.current
+        return self.plan.next()
+
+    def _keep_costs(self) -> None:
+        self._learnt[self._draft] = (self.cost.scale, self.cost.overhead_ms, self.cost.passes)
 
     def observe_pass(self, T: int, ms: float) -> None:
         """One timed target pass over T tokens (a plain step or a verify pass)."""
         self.cost.learn_pass(T, ms)
-        self._learnt[self._draft] = (self.cost.scale, self.cost.overhead_ms)
+        self._keep_costs()
 
     def observe(self, budget: Budget, depth: int, accepted: int, round_ms: float | None) -> None:
         """One round's outcome: the tree's depth, the draft tokens accepted, and its wall time (None: a round whose
@@ -497,11 +487,13 @@ class AutoBudget:
         self._learnt_live[self.tree] = self.acceptance.carried(CARRY_ROUNDS)
         if round_ms is not None:
             self.cost.learn_round(budget, round_ms)
-            self._learnt[self._draft] = (self.cost.scale, self.cost.overhead_ms)
+            self._keep_costs()
 
     def report(self) -> dict:
-        return {"budgets_used": dict(self.used), "overhead_ms": round(self.cost.overhead_ms, 3),
-                "scale": round(self.cost.scale, 3), "probes": self.probes, "carried_rounds": self.carried_rounds,
+        return {"budgets_used": dict(self.plan.used), "overhead_ms": round(self.cost.overhead_ms, 3),
+                "scale": round(self.cost.scale, 3), "probes": self.plan.probes, "explored": self.plan.explored,
+                "carried_rounds": self.carried_rounds,
+                "pass_ratio": {T: round(r, 3) for T, (r, _) in sorted(self.cost.passes.items())},
                 "target_ms": {t: round(v, 2) for t, v in self.cost.target_ms.items() if t in (1, 2, 4, 8, 16, 17)},
                 "draft_ms": {w: round(v, 3) for w, v in self.cost.draft_ms.items()}}
 

@@ -62,3 +62,26 @@ def test_a_kernel_that_failed_the_bitwise_check_is_never_chosen(measured, tmp_pa
     write_cache(key, tmp_path, curves={n: _curve(n, 1.0, invariant=False) for n in here if n != "float32/torch"})
     assert kernels.resolve_kernel(folder, "auto", "auto", device="cpu").name == "float32/torch"
     assert kernels.resolve_kernel(folder, "bfloat16", "auto", device="cpu").name == "bfloat16/torch"
+
+
+def test_a_bf16_kernel_off_amx_is_ranked_with_the_rowdot_draft_it_serves():
+    """The ranking prices a draft step as a fraction of a one-token pass on the kernel the served draft runs: a
+    bf16 target off AMX serves a rowdot draft, so its draft costs what it does beside float32/rowdot; an AMX
+    target's draft runs AMX, and without a rowdot curve (rowdot does not run here) a target's own kernel."""
+    from specwire.decode.budget import CostModel, choose_budget
+
+    curves = {n: _curve(n, ms) for n, ms in {"float32/rowdot": 10.0, "bfloat16/onednn": 40.0, "bfloat16/amx": 30.0,
+                                               "float32/torch": 50.0}.items()}
+    assert kernels.draft_step_basis("bfloat16/onednn", curves) == 10.0
+    assert kernels.draft_step_basis("bfloat16/amx", curves) == 30.0
+    assert kernels.draft_step_basis("float32/torch", curves) == 50.0
+    without_rowdot = {n: c for n, c in curves.items() if n != "float32/rowdot"}
+    assert kernels.draft_step_basis("bfloat16/onednn", without_rowdot) == 40.0
+    acc = kernels.reference_acceptance()
+    ranked = {r.kernel.name: r for r in kernels.rank_kernels(curves, acc)}
+    for name, basis in (("bfloat16/onednn", 10.0), ("bfloat16/amx", 30.0)):
+        c = curves[name]
+        step = kernels.DRAFT_STEP_FRACTION * basis
+        best = choose_budget(acc, CostModel(dict(zip(c.tokens, c.ms)), {w: step for w in (1, 2, 3, 4)}),
+                             max_steps=acc.depth, max_topk=4, max_tokens=16, tree=True)
+        assert ranked[name].expected_tokens_per_s == pytest.approx(best.tokens_per_s)

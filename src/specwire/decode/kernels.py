@@ -11,8 +11,10 @@ target (cached, or measured on it). Does not load drafts or choose a speculation
 
 How "fastest" is judged: by the tokens per second that `auto` speculation would expect on that kernel's
 curve, with the draft's offline acceptance (the shipped draft's when no other is given) and a draft step
-costing `DRAFT_STEP_FRACTION` of a one-token target pass. The choice only ranks kernels; the budget a
-request runs with is chosen later, from the real draft's measured step cost.
+costing `DRAFT_STEP_FRACTION` of a one-token pass on the kernel the served draft runs (`draft_step_basis`:
+a bf16 target off AMX serves a rowdot draft, so its draft costs what it costs beside a rowdot target). The
+choice only ranks kernels; the budget a request runs with is chosen later, from the real draft's measured
+step cost.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from specwire.safeio import specwire_home
 from specwire.target.load import Target, load_target
 
 log = logging.getLogger("specwire")
-DRAFT_STEP_FRACTION = 0.05  # a draft step's cost relative to a one-token target pass, for ranking kernels only
+DRAFT_STEP_FRACTION = 0.05  # a draft step's cost relative to a one-token pass on its kernel, for ranking kernels only
 INVARIANCE_SIZES = (2, 17)  # pass sizes of the profile's bitwise check (chain and tree)
 
 
@@ -133,14 +135,26 @@ class KernelRanking:
     budget: str  # the budget that rate assumes
 
 
+def draft_step_basis(name: str, curves: dict[str, CostCurve]) -> float:
+    """The one-token pass (ms) that a draft step beside a target on kernel `name` is taken as a fraction of: that of
+    the kernel the served draft runs (`decode.draft_step.draft_kernel`). A bf16 target on a CPU kernel other than
+    AMX serves a rowdot draft where rowdot runs (it is then a candidate: float32/rowdot has a curve here); every
+    other target's draft runs the target's own kind of kernel."""
+    kernel = KernelChoice.parse(name)
+    rowdot = curves.get(KernelChoice("float32", "rowdot").name)
+    if kernel.dtype == "bfloat16" and kernel.linear != "amx" and rowdot is not None:
+        return rowdot.at(1)
+    return curves[name].at(1)
+
+
 def rank_kernels(curves: dict[str, CostCurve], acceptance: AcceptanceModel) -> list[KernelRanking]:
     """Invariant candidates, fastest first (by expected tokens/s under auto with `acceptance`)."""
     out = []
     for name, curve in curves.items():
         if curve.invariant is False:
             continue
-        one = curve.at(1)
-        cost = CostModel(dict(zip(curve.tokens, curve.ms)), {w: DRAFT_STEP_FRACTION * one for w in (1, 2, 3, 4)})
+        step = DRAFT_STEP_FRACTION * draft_step_basis(name, curves)
+        cost = CostModel(dict(zip(curve.tokens, curve.ms)), {w: step for w in (1, 2, 3, 4)})
         best = choose_budget(acceptance, cost, max_steps=acceptance.depth, max_topk=4, max_tokens=16, tree=True)
         out.append(KernelRanking(KernelChoice.parse(name), curve, best.tokens_per_s, best.budget.label()))
     return sorted(out, key=lambda r: -r.expected_tokens_per_s)

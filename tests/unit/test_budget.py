@@ -9,7 +9,8 @@
   machine does not turn speculation off; a probe is the best budget that speculates.
 - Each pass size learns its own ratio to the curve (a size not timed takes its neighbours'), and the planner
   explores a close runner-up of another size, so a curve whose shape is wrong (it underrates the wide tree
-  it ran) ends at the budget a brute-force search over the true costs would choose.
+  it ran) ends near the budget a brute-force search over the true costs would choose; one stalled pass or
+  round moves the learnt costs a bounded step.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import logging
 
 import pytest
 
-from specwire.decode.budget import (KNOWN_PASSES, AcceptanceModel, Budget, CostModel, Planner, candidates, choose_budget,
-                                    evaluate, runner_up)
+from specwire.decode.budget import (KNOWN_PASSES, LEARN_RATE, OUTLIER, AcceptanceModel, Budget, CostModel, Planner,
+                                    candidates, choose_budget, evaluate, runner_up)
 
 FLAT = {T: 30.0 + 0.2 * T for T in range(1, 18)}  # bf16 on AMX: 16 tokens cost about what 1 does
 STEEP = {T: 30.0 * (1 + 0.18 * (T - 1)) for T in range(1, 18)}  # fp32: a 6-token pass ~1.9x a 1-token one
@@ -300,3 +301,27 @@ def test_a_runner_up_is_close_of_another_size_and_far_from_the_sizes_timed():
     plain = choose_budget(weak, steep, max_steps=5, max_topk=4, max_tokens=16, tree=True)
     assert plain.budget == Budget(0) and runner_up(weak, steep, plain, max_steps=5, max_topk=4, max_tokens=16,
                                                     tree=True) is None
+
+
+def test_one_stalled_pass_or_round_moves_the_costs_a_bounded_step_and_a_lasting_change_is_followed():
+    """A pass or round timed 10x its estimate (a page fault, the garbage collector, another job's burst) moves a
+    ratio, the scale or the overhead by a bounded step, so the choice stays; readings that stay 1.5x off are
+    followed, as a slower machine should be."""
+    acc = AcceptanceModel(*GOOD)
+    draft_ms = {w: 1.0 for w in (1, 2, 3, 4)}
+    caps = dict(max_steps=7, max_topk=4, max_tokens=16, tree=True)
+    cost = CostModel(dict(STEEP), draft_ms)
+    b = choose_budget(acc, cost, **caps).budget
+    for _ in range(40):  # a steady machine: passes and rounds as modelled, 1 ms of overhead
+        cost.learn_pass(b.pass_tokens, STEEP[b.pass_tokens])
+        cost.learn_round(b, cost.round_ms(b) - cost.overhead_ms + 1.0)
+    ratio, scale, overhead = cost.ratio(b.pass_tokens), cost.scale, cost.overhead_ms
+    cost.learn_pass(b.pass_tokens, 10 * STEEP[b.pass_tokens])
+    cost.learn_round(b, 10 * cost.round_ms(b))
+    assert cost.ratio(b.pass_tokens) <= ratio * (1 + LEARN_RATE * (OUTLIER - 1)) + 1e-9
+    assert cost.scale <= scale * (1 + LEARN_RATE * (OUTLIER - 1)) + 1e-9
+    assert cost.overhead_ms - overhead <= LEARN_RATE * 0.1 * cost.round_ms(b) + 1e-9
+    assert choose_budget(acc, cost, **caps).budget == b
+    for _ in range(40):  # a lasting change: every pass 1.5x slower
+        cost.learn_pass(b.pass_tokens, 1.5 * STEEP[b.pass_tokens])
+    assert cost.ratio(b.pass_tokens) == pytest.approx(1.5, rel=1e-3)

@@ -26,7 +26,10 @@ clock), and a few passes a size on a shared machine can bend its shape by 10-20%
 moves `scale` (observed / curve ms, over every size) and the ratio of its own pass size; each timed round
 moves the overhead (what the scaled target and the draft do not explain). A size not yet timed takes the
 ratio of the timed sizes beside it (`CostModel.ratio`), so plain steps and speculative rounds are compared
-at today's speed, and a slower machine scales both sides, not only the speculative one.
+at today's speed, and a slower machine scales both sides, not only the speculative one. A reading more than
+`OUTLIER` times off the estimate it moves is clipped to that factor first: without the clip, a stall in a
+few of the passes of a rarely run size left its ratio at 2.9 in a full HumanEval run, pricing it out for
+good, and a stalled round can price speculation out until the next probe.
 
 Exploring: a pass size `auto` never runs keeps the ratio of the sizes it does run, so a curve that
 underrates the size it runs (a wide tree, say) would never be corrected against the chain it does not
@@ -58,6 +61,7 @@ REPLAN_EVERY = 4  # rounds between two budget choices
 PROBE_AFTER = 32  # plain steps before `auto` speculates again for one replan period
 KNOWN_PASSES = 8  # timed passes of a size after which its ratio is trusted (it is no longer explored)
 EXPLORE_MARGIN = 0.15  # a runner-up is explored if the model expects at least 1 - this of the best's tokens/s
+OUTLIER = 2.0  # a timed pass or round reading more than this factor off its estimate is clipped to it
 DEFAULT_ACCEPTANCE = (0.3, 0.25, 0.2, 0.2, 0.2)  # a cautious prior for a draft with no acceptance.json
 DEFAULT_ACCEPTANCE_TOPK = (0.5, 0.45, 0.4, 0.4, 0.4)
 
@@ -128,17 +132,23 @@ class CostModel:
 
     def learn_pass(self, T: int, ms: float) -> None:
         """One timed target pass over T tokens: moves `scale` and T's ratio towards observed / curve (EMAs at
-        LEARN_RATE; a size timed for the first time starts from the ratio it was given until then)."""
+        LEARN_RATE; a size timed for the first time starts from the ratio it was given until then). Each reading
+        is first clipped to within a factor OUTLIER of the estimate it moves, so one stalled pass (a page fault,
+        the garbage collector, another job's burst) moves it by at most LEARN_RATE x (OUTLIER - 1), while a lasting
+        change is still followed within a few passes."""
         curve = self.curve(T)
         if curve > 0 and ms > 0:
             r, n = self.passes.get(T, (self.ratio(T), 0))
-            self.passes[T] = [(1 - LEARN_RATE) * r + LEARN_RATE * ms / curve, n + 1]
-            self.scale = (1 - LEARN_RATE) * self.scale + LEARN_RATE * ms / curve
+            self.passes[T] = [(1 - LEARN_RATE) * r + LEARN_RATE * _clip(ms / curve, r), n + 1]
+            self.scale = (1 - LEARN_RATE) * self.scale + LEARN_RATE * _clip(ms / curve, self.scale)
 
     def learn_round(self, b: Budget, ms: float) -> None:
-        """One timed speculative round: what the model (scaled target, draft) does not explain is overhead."""
+        """One timed speculative round: what the model (scaled target, draft) does not explain is overhead, taken
+        as at most OUTLIER x the overhead learnt so far, or a tenth of what the model explains if that is more (a
+        stalled round must not price speculation out for the request)."""
         explained = self.round_ms(b) - self.overhead_ms
-        self.overhead_ms = max(0.0, (1 - LEARN_RATE) * self.overhead_ms + LEARN_RATE * (ms - explained))
+        residual = min(ms - explained, max(OUTLIER * self.overhead_ms, 0.1 * explained))
+        self.overhead_ms = max(0.0, (1 - LEARN_RATE) * self.overhead_ms + LEARN_RATE * residual)
 
     def draft(self, w: int) -> float:
         known = sorted(self.draft_ms)
@@ -211,6 +221,13 @@ class AcceptanceModel:
             self.live[j][0] += modelled[j] * reached[j]
             self.live[j][1] += reached[j]
             self.live[j][2] += accepted[j]
+
+
+def _clip(reading: float, estimate: float) -> float:
+    """`reading` brought to within a factor OUTLIER of `estimate` (unchanged where the estimate is not positive)."""
+    if estimate <= 0:
+        return reading
+    return min(max(reading, estimate / OUTLIER), estimate * OUTLIER)
 
 
 def expected_tokens(rates: list[float]) -> float:

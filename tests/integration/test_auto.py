@@ -100,6 +100,8 @@ def test_auto_carries_what_it_learnt_of_the_machine_to_the_next_request(tiny_tar
     assert learnt["scale"] != 1.0
     carried = AutoBudget(target, draft, SpecConfig(), tree=True)
     assert round(carried.cost.scale, 3) == learnt["scale"] and round(carried.cost.overhead_ms, 3) == learnt["overhead_ms"]
+    assert learnt["pass_ratio"] and {T: round(r, 3) for T, (r, _) in carried.cost.passes.items()} == learnt["pass_ratio"]
+    assert all(n >= 1 for _, n in carried.cost.passes.values())  # sizes timed in the first request, with their counts
     other = load_engine_draft(folder, target)  # another draft object: its own costs, learnt afresh
     assert AutoBudget(target, other, SpecConfig(), tree=True).cost.scale == 1.0
 

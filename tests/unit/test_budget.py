@@ -22,7 +22,7 @@ import logging
 import pytest
 
 from specwire.decode.budget import (KNOWN_PASSES, LEARN_RATE, OUTLIER, AcceptanceModel, Budget, CostModel, Planner,
-                                    candidates, choose_budget, evaluate, runner_up)
+                                    candidates, choose_budget, evaluate, runner_up, score)
 
 FLAT = {T: 30.0 + 0.2 * T for T in range(1, 18)}  # bf16 on AMX: 16 tokens cost about what 1 does
 STEEP = {T: 30.0 * (1 + 0.18 * (T - 1)) for T in range(1, 18)}  # fp32: a 6-token pass ~1.9x a 1-token one
@@ -230,7 +230,7 @@ def test_each_pass_size_learns_its_ratio_and_a_size_not_timed_takes_its_neighbou
     assert cost.ratio(6) == pytest.approx(1.4)  # between two timed sizes: linear in T
     assert cost.ratio(1) == pytest.approx(1.2) and cost.ratio(16) == pytest.approx(1.6)  # past the ends: the nearest
     assert cost.target(16) == pytest.approx(1.6 * STEEP[16]) and cost.known(10) == 80 and cost.known(6) == 0
-    assert 1.2 < cost.scale < 1.6  # the scale over every size: what a request starts from before it times any
+    assert 1.2 < cost.scale < 1.6  # the mean over the timed sizes, weighted by passes: what the report gives
 
 
 def _simulate(acc, curve, true_ms, draft_ms, caps, rounds):
@@ -284,7 +284,7 @@ def test_a_runner_up_is_close_of_another_size_and_far_from_the_sizes_timed():
     best = choose_budget(acc, cost, **caps)
     for _ in range(KNOWN_PASSES):
         cost.learn_pass(best.budget.pass_tokens, FLAT[best.budget.pass_tokens])
-    other = runner_up(acc, cost, best, **caps)
+    other = runner_up(score(acc, cost, **caps), best, cost)
     assert other is not None and other.budget.pass_tokens != best.budget.pass_tokens
     assert other.tokens_per_s >= 0.85 * best.tokens_per_s
     close = [evaluate(b, acc, cost) for b in candidates(7, 4, 16, tree=True, depth=acc.depth)]
@@ -295,12 +295,12 @@ def test_a_runner_up_is_close_of_another_size_and_far_from_the_sizes_timed():
     for c in close:
         for _ in range(KNOWN_PASSES):
             cost.learn_pass(c.budget.pass_tokens, FLAT[c.budget.pass_tokens])
-    assert runner_up(acc, cost, best, **caps) is None
+    assert runner_up(score(acc, cost, **caps), best, cost) is None
     weak = AcceptanceModel(*WEAK)
     steep = CostModel(dict(CLIFF), {w: 1.7 for w in (1, 2, 3, 4)})
     plain = choose_budget(weak, steep, max_steps=5, max_topk=4, max_tokens=16, tree=True)
-    assert plain.budget == Budget(0) and runner_up(weak, steep, plain, max_steps=5, max_topk=4, max_tokens=16,
-                                                    tree=True) is None
+    assert plain.budget == Budget(0)
+    assert runner_up(score(weak, steep, max_steps=5, max_topk=4, max_tokens=16, tree=True), plain, steep) is None
 
 
 def test_one_stalled_pass_or_round_moves_the_costs_a_bounded_step_and_a_lasting_change_is_followed():

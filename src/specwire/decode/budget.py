@@ -23,13 +23,13 @@ C = target(1). `auto` picks the budget with the largest E / C; ties go to the sm
 
 Live costs: the curve was measured once, on a machine whose speed drifts (other jobs, context length,
 clock), and a few passes a size on a shared machine can bend its shape by 10-20%. Each timed target pass
-moves `scale` (observed / curve ms, over every size) and the ratio of its own pass size; each timed round
-moves the overhead (what the scaled target and the draft do not explain). A size not yet timed takes the
-ratio of the timed sizes beside it (`CostModel.ratio`), so plain steps and speculative rounds are compared
-at today's speed, and a slower machine scales both sides, not only the speculative one. A reading more than
-`OUTLIER` times off the estimate it moves is clipped to that factor first: without the clip, a stall in a
-few of the passes of a rarely run size left its ratio at 2.9 in a full HumanEval run, pricing it out for
-good, and a stalled round can price speculation out until the next probe.
+moves the ratio (observed / curve ms) of its own pass size; each timed round moves the overhead (what the
+scaled target and the draft do not explain). A size not yet timed takes the ratio of the timed sizes beside
+it (`CostModel.ratio`; `scale`, their mean, is what reports show), so plain steps and speculative rounds
+are compared at today's speed, and a slower machine scales both sides, not only the speculative one. A
+reading more than `OUTLIER` times off the estimate it moves is clipped to that factor first: without the
+clip, a stall in a few of the passes of a rarely run size left its ratio at 2.9 in a full HumanEval run,
+pricing it out for good, and a stalled round can price speculation out until the next probe.
 
 Exploring: a pass size `auto` never runs keeps the ratio of the sizes it does run, so a curve that
 underrates the size it runs (a wide tree, say) would never be corrected against the chain it does not
@@ -98,7 +98,6 @@ class CostModel:
     target_ms: dict[int, float]  # pass size T -> ms of one target pass over T tokens (the measured curve)
     draft_ms: dict[int, float]  # width w -> ms of one draft step over w rows
     overhead_ms: float = 0.0  # per speculative round, outside target and draft (bookkeeping)
-    scale: float = 1.0  # the target's passes now against the curve's (observed ms / curve ms), learnt live
     passes: dict[int, list[float]] = field(default_factory=dict)  # pass size T -> [observed / curve ms, passes timed]
 
     def curve(self, T: int) -> float:
@@ -109,12 +108,19 @@ class CostModel:
                 return self.target_ms[t]
         return self.target_ms[known[-1]] * T / known[-1]  # past the curve: assume linear growth
 
+    @property
+    def scale(self) -> float:
+        """The target's passes now against the curve's: the timed sizes' ratios, weighted by passes timed (1.0 before
+        any)."""
+        n = sum(c for _, c in self.passes.values())
+        return sum(r * c for r, c in self.passes.values()) / n if n else 1.0
+
     def ratio(self, T: int) -> float:
         """Live ms / curve ms for a pass over T tokens: its own if timed, else interpolated linearly in T between
-        the timed sizes beside it (the nearest one past either end), else `scale`."""
+        the timed sizes beside it (the nearest one past either end), else 1.0."""
         timed = sorted(self.passes)
         if not timed:
-            return self.scale
+            return 1.0
         if T in self.passes:
             return self.passes[T][0]
         below, above = [t for t in timed if t < T], [t for t in timed if t > T]
@@ -131,16 +137,15 @@ class CostModel:
         return int(self.passes[T][1]) if T in self.passes else 0
 
     def learn_pass(self, T: int, ms: float) -> None:
-        """One timed target pass over T tokens: moves `scale` and T's ratio towards observed / curve (EMAs at
-        LEARN_RATE; a size timed for the first time starts from the ratio it was given until then). Each reading
-        is first clipped to within a factor OUTLIER of the estimate it moves, so one stalled pass (a page fault,
+        """One timed target pass over T tokens: moves T's ratio towards observed / curve (an EMA at LEARN_RATE; a
+        size timed for the first time starts from the ratio it was given until then). The reading is first
+        clipped to within a factor OUTLIER of that ratio, so one stalled pass (a page fault,
         the garbage collector, another job's burst) moves it by at most LEARN_RATE x (OUTLIER - 1), while a lasting
         change is still followed within a few passes."""
         curve = self.curve(T)
         if curve > 0 and ms > 0:
             r, n = self.passes.get(T, (self.ratio(T), 0))
             self.passes[T] = [(1 - LEARN_RATE) * r + LEARN_RATE * _clip(ms / curve, r), n + 1]
-            self.scale = (1 - LEARN_RATE) * self.scale + LEARN_RATE * _clip(ms / curve, self.scale)
 
     def learn_round(self, b: Budget, ms: float) -> None:
         """One timed speculative round: what the model (scaled target, draft) does not explain is overhead, taken
@@ -270,36 +275,47 @@ def evaluate(b: Budget, acceptance: AcceptanceModel, cost: CostModel) -> Choice:
     return Choice(b, expected_tokens(rates), cost.round_ms(b))
 
 
-def choose_budget(acceptance: AcceptanceModel, cost: CostModel, *, max_steps: int, max_topk: int, max_tokens: int,
-                  tree: bool, speculate: bool = False) -> Choice:
-    """The budget of highest expected tokens per second (ties: the first, i.e. the smaller, in `candidates` order).
-    `speculate`: the best that speculates (a probe: what plain decoding cannot measure)."""
-    best: Choice | None = None
-    for b in candidates(max_steps, max_topk, max_tokens, tree=tree, depth=acceptance.depth, speculate=speculate):
-        c = evaluate(b, acceptance, cost)
-        if best is None or c.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
+def score(acceptance: AcceptanceModel, cost: CostModel, *, max_steps: int, max_topk: int, max_tokens: int,
+          tree: bool, speculate: bool = False) -> list[Choice]:
+    """Every budget within the caps (`candidates` order), with its expected tokens and cost."""
+    return [evaluate(b, acceptance, cost)
+            for b in candidates(max_steps, max_topk, max_tokens, tree=tree, depth=acceptance.depth, speculate=speculate)]
+
+
+def best_of(choices: list[Choice]) -> Choice:
+    """The choice of highest expected tokens per second (ties: the first)."""
+    best = choices[0]
+    for c in choices[1:]:
+        if c.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
             best = c
     return best
 
 
-def runner_up(acceptance: AcceptanceModel, cost: CostModel, best: Choice, *, max_steps: int, max_topk: int,
-              max_tokens: int, tree: bool) -> Choice | None:
-    """A budget worth running for one replan period to time its pass size: among those whose size has been timed
-    fewer than KNOWN_PASSES times and that the model expects at least 1 - EXPLORE_MARGIN of `best`'s tokens per
-    second from, the one whose size lies farthest from every size already timed (then the faster), so that a
-    few explorations learn the curve's shape across the range, not one size beside another. None if there is
-    none, or if `best` is plain decoding (the probes look past that)."""
+def choose_budget(acceptance: AcceptanceModel, cost: CostModel, *, max_steps: int, max_topk: int, max_tokens: int,
+                  tree: bool, speculate: bool = False) -> Choice:
+    """The budget of highest expected tokens per second (ties: the first, i.e. the smaller, in `candidates` order).
+    `speculate`: the best that speculates (a probe: what plain decoding cannot measure)."""
+    return best_of(score(acceptance, cost, max_steps=max_steps, max_topk=max_topk, max_tokens=max_tokens, tree=tree,
+                         speculate=speculate))
+
+
+def runner_up(choices: list[Choice], best: Choice, cost: CostModel) -> Choice | None:
+    """A budget worth running for one replan period to time its pass size: among `choices` (`score`'s) whose size
+    has been timed fewer than KNOWN_PASSES times and that the model expects at least 1 - EXPLORE_MARGIN of `best`'s
+    tokens per second from, the one whose size lies farthest from every size already timed (then the faster), so
+    that a few explorations learn the curve's shape across the range, not one size beside another. None if there
+    is none, or if `best` is plain decoding (the probes look past that)."""
     if best.budget.num_steps == 0:
         return None
-    timed = [t for t in cost.passes if cost.known(t)] or [best.budget.pass_tokens]
+    timed = list(cost.passes) or [best.budget.pass_tokens]
     out, out_key = None, None
-    for b in candidates(max_steps, max_topk, max_tokens, tree=tree, depth=acceptance.depth):
-        if b.pass_tokens == best.budget.pass_tokens or cost.known(b.pass_tokens) >= KNOWN_PASSES:
+    for c in choices:
+        T = c.budget.pass_tokens
+        if T == best.budget.pass_tokens or cost.known(T) >= KNOWN_PASSES:
             continue
-        c = evaluate(b, acceptance, cost)
         if c.tokens_per_s < (1 - EXPLORE_MARGIN) * best.tokens_per_s:
             continue
-        key = (min(abs(b.pass_tokens - t) for t in timed), c.tokens_per_s)
+        key = (min(abs(T - t) for t in timed), c.tokens_per_s)
         if out_key is None or key[0] > out_key[0] or (key[0] == out_key[0] and key[1] > out_key[1] * (1 + 1e-9)):
             out, out_key = c, key
     return out
@@ -331,8 +347,9 @@ class Planner:
         if self.current is None or self.rounds % REPLAN_EVERY == 0:
             caps = dict(max_steps=self.max_steps, max_topk=self.max_topk, max_tokens=self.max_tokens, tree=self.tree)
             probe = self.current is not None and self.current.num_steps == 0 and self.plain_run >= PROBE_AFTER
-            choice = choose_budget(self.acceptance, self.cost, **caps, speculate=probe)
-            other = runner_up(self.acceptance, self.cost, choice, **caps) if self.replans % 2 and not probe else None
+            choices = score(self.acceptance, self.cost, **caps, speculate=probe)
+            choice = best_of(choices)
+            other = runner_up(choices, choice, self.cost) if self.replans % 2 and not probe else None
             self.current = (other or choice).budget
             self.probes += probe
             self.explored += other is not None

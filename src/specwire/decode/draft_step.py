@@ -99,9 +99,16 @@ def draft_kernel(target: Target) -> str:
     target. A float32 target on nn.Linear keeps a module draft: the reference path."""
     from specwire.target.rowdot import available
 
-    kind = linear_kind(target.model)
-    if kind in ("rowdot", "amx"):
-        return kind
-    if target.device.type == "cpu" and target.dtype == torch.bfloat16 and available()[0]:
+    return served_draft_kernel(str(target.dtype).replace("torch.", ""), linear_kind(target.model),
+                               rowdot_runs=target.device.type == "cpu" and available()[0])
+
+
+def served_draft_kernel(dtype: str, linear: str, *, rowdot_runs: bool) -> str:
+    """`draft_kernel`'s rule for a target of `dtype` on `linear`, where `rowdot_runs` says whether the compiled
+    rowdot kernel runs on the target's device (also what `decode.kernels` prices a draft step by when it ranks
+    kernels it has not loaded)."""
+    if linear in ("rowdot", "amx"):
+        return linear
+    if dtype == "bfloat16" and rowdot_runs:
         return "rowdot"
     return "torch"

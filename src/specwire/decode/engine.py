@@ -49,8 +49,8 @@ Under `SpecConfig.budget == "auto"` (`AutoBudget`; the maths and the replan, pro
 (`decode.kernels.cost_curve`), the draft's measured step cost (`draft_step_ms`) and its acceptance
 (acceptance.json, corrected by live rounds). When no speculation pays, the request takes plain steps and
 probes with speculation now and then; the draft then first reads the positions it skipped. Every
-target pass and round is timed: the curve's live scale, its ratio per pass size and the per-round overhead
-are learnt from them and carried to the next request of the same target and draft (`_learnt_costs`), and
+target pass and round is timed: the curve's live ratio per pass size and the per-round overhead are
+learnt from them and carried to the next request of the same target and draft (`_learnt_costs`), and
 so is the live acceptance, per mode, over at most CARRY_ROUNDS rounds (`_learnt_acceptance`).
 """
 
@@ -385,7 +385,7 @@ def keep_accepted(cache, past: int, keep: list[int]) -> None:
 # ---- the speculation budget per round -------------------------------------------------------------------
 
 _draft_costs: "weakref.WeakKeyDictionary[Eagle3Draft, dict]" = weakref.WeakKeyDictionary()
-# target model -> draft -> (scale, overhead_ms, per-size ratios) that `auto` learnt, carried from one request to the next
+# target model -> draft -> (overhead_ms, per-size ratios) that `auto` learnt, carried from one request to the next
 _learnt_costs: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
 # target model -> draft -> {tree mode: live acceptance counts (`AcceptanceModel.live`)}, carried the same way
 _learnt_acceptance: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
@@ -439,9 +439,8 @@ class AutoBudget:
 
     The acceptance starts from the draft's acceptance.json (a cautious prior without one), corrected by the
     live rounds of earlier requests of the same target, draft and mode (tree or chain; at most CARRY_ROUNDS
-    per position), and learns from the request's own rounds. The cost curve's live scale, its ratio per pass
-    size and the per-round overhead are learnt from timed passes and rounds, and carried to the next request
-    the same way.
+    per position), and learns from the request's own rounds. The cost curve's live ratio per pass size and the
+    per-round overhead are learnt from timed passes and rounds, and carried to the next request the same way.
     """
 
     def __init__(self, target: Target, draft: Eagle3Draft, spec: SpecConfig, tree: bool):
@@ -457,8 +456,8 @@ class AutoBudget:
         self.cost = CostModel(dict(zip(curve.tokens, curve.ms)), draft_step_ms(draft, widths))
         self._learnt = _learnt_costs.setdefault(target.model, weakref.WeakKeyDictionary())
         self._draft = draft
-        scale, overhead, passes = self._learnt.get(draft, (1.0, 0.0, {}))
-        self.cost.scale, self.cost.overhead_ms, self.cost.passes = scale, overhead, {T: list(v) for T, v in passes.items()}
+        overhead, passes = self._learnt.get(draft, (0.0, {}))
+        self.cost.overhead_ms, self.cost.passes = overhead, {T: list(v) for T, v in passes.items()}
         self._learnt_live = _learnt_acceptance.setdefault(target.model, weakref.WeakKeyDictionary()).setdefault(draft, {})
         carried = self._learnt_live.get(tree)
         if carried and len(carried) == self.acceptance.depth:
@@ -471,7 +470,7 @@ class AutoBudget:
         return self.plan.next()
 
     def _keep_costs(self) -> None:
-        self._learnt[self._draft] = (self.cost.scale, self.cost.overhead_ms, self.cost.passes)
+        self._learnt[self._draft] = (self.cost.overhead_ms, self.cost.passes)
 
     def observe_pass(self, T: int, ms: float) -> None:
         """One timed target pass over T tokens (a plain step or a verify pass)."""

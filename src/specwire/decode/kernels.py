@@ -137,14 +137,15 @@ class KernelRanking:
 
 def draft_step_basis(name: str, curves: dict[str, CostCurve]) -> float:
     """The one-token pass (ms) that a draft step beside a target on kernel `name` is taken as a fraction of: that of
-    the kernel the served draft runs (`decode.draft_step.draft_kernel`). A bf16 target on a CPU kernel other than
-    AMX serves a rowdot draft where rowdot runs (it is then a candidate: float32/rowdot has a curve here); every
-    other target's draft runs the target's own kind of kernel."""
+    the kernel the served draft runs (`decode.draft_step.served_draft_kernel`). A bf16 target on a CPU kernel other
+    than AMX serves a rowdot draft where rowdot runs (it is then a candidate: float32/rowdot has a curve here);
+    every other target's draft runs the target's own kind of kernel."""
+    from specwire.decode.draft_step import served_draft_kernel
+
     kernel = KernelChoice.parse(name)
     rowdot = curves.get(KernelChoice("float32", "rowdot").name)
-    if kernel.dtype == "bfloat16" and kernel.linear != "amx" and rowdot is not None:
-        return rowdot.at(1)
-    return curves[name].at(1)
+    served = served_draft_kernel(kernel.dtype, kernel.linear, rowdot_runs=rowdot is not None)
+    return rowdot.at(1) if served == "rowdot" else curves[name].at(1)
 
 
 def rank_kernels(curves: dict[str, CostCurve], acceptance: AcceptanceModel) -> list[KernelRanking]:

@@ -67,6 +67,7 @@ import torch.nn.functional as F
 from specwire.target.capture import capture_hooks
 from specwire.target.fastlinear import amx_linears, linear_kind, rowdot_linears
 from specwire.target.hardware import synchronize
+from specwire.target.kvcache import decoding_cache
 from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import AttendFn, Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
@@ -351,11 +352,12 @@ def tree_unsupported(target: Target, cache) -> str | None:
     from transformers.cache_utils import DynamicLayer
 
     from specwire.target.attention import INVARIANT_NAMES
+    from specwire.target.kvcache import GrowingLayer
 
     impl = getattr(target.model.config, "_attn_implementation", None)
     if impl not in ("sdpa", "eager", *INVARIANT_NAMES):
         return f"attention implementation '{impl}' takes no custom 4D tree mask"
-    if any(type(layer) is not DynamicLayer for layer in getattr(cache, "layers", [None])):
+    if any(type(layer) not in (DynamicLayer, GrowingLayer) for layer in getattr(cache, "layers", [None])):
         return "the target's KV cache has non-plain layers (sliding window / recurrent); no tree compaction"
     return None
 
@@ -539,8 +541,6 @@ def speculative_generate(
     else chains, noted in extra["tree_fallback"]). `draft` is an `Eagle3Draft` from `load_engine_draft`,
     or any `DraftProposer`.
     """
-    from transformers import DynamicCache
-
     check_request(target, prompt_ids, max_new_tokens)
     spec = spec or SpecConfig(tree=tree)
     use_tree = tree and spec.tree
@@ -549,7 +549,7 @@ def speculative_generate(
     eos = set(target.eos_token_ids) if stop_on_eos else set()
     model, dev = target.model, target.device
     t0 = time.perf_counter()
-    cache = DynamicCache(config=model.config)
+    cache = decoding_cache(model, len(prompt_ids) + max_new_tokens + spec.num_draft_tokens + spec.num_steps + 8)
     fallback = tree_unsupported(target, cache) if use_tree else None
     if fallback:
         use_tree = False

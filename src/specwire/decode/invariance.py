@@ -56,13 +56,13 @@ def _steps(model, cache, tokens: list[int], start: int, device) -> list[torch.Te
 def pass_invariance(target: Target, prompts: list[list[int]], *, sizes=(2, 6, 16), tree: bool = True,
                     seed: int = 0) -> InvarianceReport:
     """Compare chain passes (and tree passes when `tree`) of every size in `sizes` with single steps."""
-    from transformers import DynamicCache
+    from specwire.target.kvcache import decoding_cache
 
     model, dev = target.model, target.device
     g = torch.Generator().manual_seed(seed)
     rep = InvarianceReport()
     for pi, prompt in enumerate(prompts):
-        cache = DynamicCache(config=model.config)
+        cache = decoding_cache(model)
         model(input_ids=torch.tensor([prompt], device=dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
         past = len(prompt)
         kinds = ["chain", "tree"] if tree else ["chain"]

@@ -15,6 +15,7 @@ import torch
 
 from specwire.errors import SpecwireError
 from specwire.decode.sampling import SamplingParams, make_generator, next_token
+from specwire.target.kvcache import decoding_cache
 from specwire.target.load import Target
 
 
@@ -59,15 +60,13 @@ def plain_generate(
     stop_on_eos: bool = True,
 ) -> GenerationResult:
     """Decode up to `max_new_tokens` tokens, one target pass per token after the prefill."""
-    from transformers import DynamicCache
-
     check_request(target, prompt_ids, max_new_tokens)
     if generator is None and not params.greedy:
         generator = make_generator(0, target.device)
     eos = set(target.eos_token_ids) if stop_on_eos else set()
     model = target.model
     t0 = time.perf_counter()
-    cache = DynamicCache(config=model.config)
+    cache = decoding_cache(model, len(prompt_ids) + max_new_tokens)
     ids = torch.tensor([prompt_ids], device=target.device)
     out: list[int] = []
     forwards = 0

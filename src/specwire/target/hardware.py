@@ -190,14 +190,14 @@ def measure_pass_ms(model, tokens, *, context: int = 256, reps: int = 5, vocab: 
     of load on a shared machine spreads over all sizes instead of bending one; the cache is cropped back
     after every pass.
     """
-    from transformers import DynamicCache
+    from specwire.target.kvcache import decoding_cache
 
     dev = next(model.parameters()).device
     vocab = vocab or model.config.get_text_config().vocab_size
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (1, context), generator=g).to(dev)
     xs = {T: torch.randint(0, vocab, (1, T), generator=g).to(dev) for T in tokens}
-    cache = DynamicCache(config=model.config)
+    cache = decoding_cache(model, context + max(tokens))
     model(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)
     times: dict[int, list[float]] = {T: [] for T in tokens}
     for r in range(reps + 2):

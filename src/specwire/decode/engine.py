@@ -68,6 +68,7 @@ from specwire.target.capture import capture_hooks
 from specwire.target.fastlinear import amx_linears, linear_kind, rowdot_linears
 from specwire.target.hardware import synchronize
 from specwire.target.kvcache import decoding_cache
+from specwire.target.passes import padded_pass, pass_rows
 from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import AttendFn, Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
@@ -549,7 +550,8 @@ def speculative_generate(
     eos = set(target.eos_token_ids) if stop_on_eos else set()
     model, dev = target.model, target.device
     t0 = time.perf_counter()
-    cache = decoding_cache(model, len(prompt_ids) + max_new_tokens + spec.num_draft_tokens + spec.num_steps + 8)
+    cache = decoding_cache(model, len(prompt_ids) + max_new_tokens + spec.num_draft_tokens + spec.num_steps + 24)
+    rows = pass_rows(model)  # every pass runs on this multiple of tokens (`target.passes`)
     fallback = tree_unsupported(target, cache) if use_tree else None
     if fallback:
         use_tree = False
@@ -581,17 +583,18 @@ def speculative_generate(
         return False
 
     with capture_hooks(target.parts, hs_ids) as store:
-        def fused(rows: torch.Tensor | None = None) -> torch.Tensor | None:
+        def fused(rows: torch.Tensor | int) -> torch.Tensor | None:
+            """The fused states of the last pass's rows `rows` (indices, or the first `rows`; filler rows follow)."""
             if not hs_ids:
                 return None
-            g = torch.cat([store[i] for i in hs_ids], dim=-1)[0]  # shape: [T, n*H]
-            return g if rows is None else g[rows]
+            g = torch.cat([store[i] for i in hs_ids], dim=-1)[0]  # shape: [T + filler, n*H]
+            return g[:rows] if isinstance(rows, int) else g[rows]
 
         tv = time.perf_counter()
         ids = torch.tensor([prompt_ids], device=dev)
-        logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        logits = padded_pass(model, ids, cache, rows, logits_to_keep=1)[0, -1]
         root = next_token(logits, params, generator)
-        states, past = fused(), 0
+        states, past = fused(len(prompt_ids)), 0
         tokens = torch.cat([ids[0, 1:], root.reshape(1)])  # shape: [n], the token after each prompt position
         done = emit([int(root)])
         verify_s += time.perf_counter() - tv
@@ -599,12 +602,12 @@ def speculative_generate(
             td = time.perf_counter()
             budget = auto.next() if auto else fixed
             if budget.num_steps == 0:  # auto found no speculation that pays: a plain step
-                logits = model(input_ids=root.reshape(1, 1), past_key_values=cache, use_cache=True).logits[0, -1]
+                logits = padded_pass(model, root.reshape(1, 1), cache, rows)[0, -1]
                 root = next_token(logits, params, generator)
                 synchronize(dev)
                 auto.observe_pass(1, 1000 * (time.perf_counter() - td))
                 # the draft reads these positions when auto speculates again
-                states, tokens = torch.cat([states, fused()]), torch.cat([tokens, root.reshape(1)])
+                states, tokens = torch.cat([states, fused(1)]), torch.cat([tokens, root.reshape(1)])
                 plain_steps += 1
                 plain_s += time.perf_counter() - td
                 done = emit([int(root)])
@@ -624,8 +627,8 @@ def speculative_generate(
             else:
                 mask, positions = target_tree_mask(dtree, past, target), (dtree.positions() + past)[None]
             tf = time.perf_counter()
-            logits = model(input_ids=dtree.tokens[None], position_ids=positions, attention_mask=mask,
-                           past_key_values=cache, use_cache=True).logits[0]  # shape: [N+1, V]
+            logits = padded_pass(model, dtree.tokens[None], cache, rows, mask=mask,
+                                 positions=positions)[0]  # shape: [N+1, V]
             if auto:
                 synchronize(dev)
                 auto.observe_pass(dtree.size, 1000 * (time.perf_counter() - tf))

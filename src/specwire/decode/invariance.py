@@ -18,6 +18,7 @@ import torch
 
 from specwire.decode.tree import DraftTree, pass_mask
 from specwire.target.load import Target
+from specwire.target.passes import padded_pass, pass_rows
 
 
 @dataclass
@@ -42,12 +43,13 @@ def random_tree(size: int, vocab: int, generator: torch.Generator, device) -> Dr
 
 
 def _steps(model, cache, tokens: list[int], start: int, device) -> list[torch.Tensor]:
-    """Logits of decoding `tokens` one at a time after `start` cached positions (cache cropped back after)."""
-    out = []
+    """Logits of decoding `tokens` one at a time after `start` cached positions, as plain decoding's steps run
+    (`target.passes.padded_pass`); the cache is cropped back after."""
+    out, rows = [], pass_rows(model)
     for j, tok in enumerate(tokens):
         ids = torch.tensor([[tok]], device=device)
         pos = torch.tensor([[start + j]], device=device)
-        out.append(model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits[0, -1])
+        out.append(padded_pass(model, ids, cache, rows, positions=pos)[0, -1])
     cache.crop(start)
     return out
 
@@ -77,8 +79,8 @@ def pass_invariance(target: Target, prompts: list[list[int]], *, sizes=(2, 6, 16
                     eager = model.config._attn_implementation == "eager"
                     mask = pass_mask(t, past, additive=target.dtype if eager else None)
                     positions = (t.positions() + past)[None]
-                logits = model(input_ids=t.tokens[None], position_ids=positions, attention_mask=mask,
-                               past_key_values=cache, use_cache=True).logits[0]  # shape: [T, V]
+                logits = padded_pass(model, t.tokens[None], cache, pass_rows(model), mask=mask,
+                                     positions=positions)[0]  # shape: [T, V]
                 cache.crop(past)
                 leaves = [i for i in range(T) if not t.children[i]]
                 done: set[int] = set()

@@ -16,6 +16,7 @@ import torch
 from specwire.errors import SpecwireError
 from specwire.decode.sampling import SamplingParams, make_generator, next_token
 from specwire.target.kvcache import decoding_cache
+from specwire.target.passes import padded_pass, pass_rows
 from specwire.target.load import Target
 
 
@@ -66,13 +67,14 @@ def plain_generate(
     eos = set(target.eos_token_ids) if stop_on_eos else set()
     model = target.model
     t0 = time.perf_counter()
-    cache = decoding_cache(model, len(prompt_ids) + max_new_tokens)
+    cache = decoding_cache(model, len(prompt_ids) + max_new_tokens + 16)
+    rows = pass_rows(model)  # every pass runs on this multiple of tokens (`target.passes`)
     ids = torch.tensor([prompt_ids], device=target.device)
     out: list[int] = []
     forwards = 0
     stop = "length"
     while len(out) < max_new_tokens:
-        logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        logits = padded_pass(model, ids, cache, rows, logits_to_keep=1)[:, -1]
         forwards += 1
         tok = int(next_token(logits[0], params, generator))
         out.append(tok)

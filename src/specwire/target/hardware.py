@@ -184,26 +184,29 @@ def _diff(found, expected: dict) -> str:
 
 @torch.inference_mode()
 def measure_pass_ms(model, tokens, *, context: int = 256, reps: int = 5, vocab: int | None = None) -> list[float]:
-    """Median wall time (ms) of one forward over T new tokens after `context` cached ones, for each T in `tokens`.
+    """Median wall time (ms) of one forward over T new tokens after `context` cached ones, for each T in `tokens`,
+    as decoding runs it (`target.passes.padded_pass`, into `target.kvcache`'s cache).
 
     The sizes are interleaved (every repetition times each T once, after two warm-up rounds) so that a burst
     of load on a shared machine spreads over all sizes instead of bending one; the cache is cropped back
     after every pass.
     """
     from specwire.target.kvcache import decoding_cache
+    from specwire.target.passes import padded_pass, pass_rows
 
     dev = next(model.parameters()).device
     vocab = vocab or model.config.get_text_config().vocab_size
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (1, context), generator=g).to(dev)
     xs = {T: torch.randint(0, vocab, (1, T), generator=g).to(dev) for T in tokens}
-    cache = decoding_cache(model, context + max(tokens))
+    cache = decoding_cache(model, context + max(tokens) + 16)
+    rows = pass_rows(model)
     model(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)
     times: dict[int, list[float]] = {T: [] for T in tokens}
     for r in range(reps + 2):
         for T in tokens:
             t0 = time.perf_counter()
-            model(xs[T], past_key_values=cache, use_cache=True, logits_to_keep=T)
+            padded_pass(model, xs[T], cache, rows, logits_to_keep=T)
             synchronize(dev)
             if r >= 2:
                 times[T].append(time.perf_counter() - t0)

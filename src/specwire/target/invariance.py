@@ -97,15 +97,16 @@ def _rows_invariant(fn, x: torch.Tensor, r: int, padded_rows) -> bool:
 
 @contextmanager
 def stock_kernels(model: nn.Module):
-    """For the duration: transformers' sdpa attention, no linear row padding and F.linear for every swapped
-    kernel's layers (rowdot, AMX, oneDNN-packed) (the `hf-generate` baseline, which should be what a user of
-    transformers gets). Restored on exit."""
+    """For the duration: transformers' sdpa attention, no linear row padding, F.linear for every swapped
+    kernel's layers (rowdot, AMX, oneDNN-packed) and each compiled norm's own module (the `hf-generate`
+    baseline, which should be what a user of transformers gets). Restored on exit."""
     impl = getattr(model.config, "_attn_implementation", None)
     from specwire.target.fastlinear import AmxLinear, OneDNNLinear, RowDotLinear, _pads_experts
+    from specwire.target.rownorm import RowRMSNorm
 
     padded = [(m, getattr(m, "min_rows", 1)) for m in model.modules()
               if isinstance(m, (RowPadded, PretransposedLinear)) or _pads_experts(m)]
-    swapped = [m for m in model.modules() if isinstance(m, (RowDotLinear, AmxLinear, OneDNNLinear))]
+    swapped = [m for m in model.modules() if isinstance(m, (RowDotLinear, AmxLinear, OneDNNLinear, RowRMSNorm))]
     try:
         if impl != "sdpa":
             model.set_attn_implementation("sdpa")

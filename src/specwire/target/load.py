@@ -417,13 +417,18 @@ def load_target(
 
 def _make_invariant(model: nn.Module, fingerprint: str, device: torch.device, dtype: torch.dtype, linear: str,
                     min_rows: int | None) -> None:
-    """Batch-invariant attention, and the linear row padding this machine needs (measured once, cached)."""
-    from specwire.target.attention import use_invariant_attention
+    """Batch-invariant attention, the compiled RMS norm on CPU where the row kernels run (`rownorm`), and the linear
+    row padding this machine needs (measured once, cached)."""
+    from specwire.target.attention import kernels_available, use_invariant_attention
     from specwire.target.fastlinear import linear_kind, pad_linear_rows
     from specwire.target.hardware import CacheKey, read_cache, write_cache
     from specwire.target.invariance import rows_needed
 
     use_invariant_attention(model)
+    if device.type == "cpu" and kernels_available():
+        from specwire.target.rownorm import rownorm_layers
+
+        rownorm_layers(model)
     rows: int | dict[str, int] | None = min_rows
     if rows is None:
         kernel = f"{str(dtype).replace('torch.', '')}/{linear_kind(model)}"

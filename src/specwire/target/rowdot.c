@@ -459,4 +459,4 @@ void specwire_rowdot_q8_0(const float *x, int64_t M, int64_t K, const int8_t *co
     PARALLEL(Q8_0, src);
 }
 
-int specwire_rowdot_abi(void) { return 6; }
+int specwire_rowdot_abi(void) { return 7; }

@@ -1,12 +1,12 @@
 """The compiled row-invariant float32 kernels: build, load, and the product behind `--linear rowdot`.
 
-Scope: building `rowdot.c`, `rowattn.c` and `argmax.c` (beside this file, sharing `rowkernels.h`) into one shared
-library on first use, cached under `$SPECWIRE_HOME/kernels` by a hash of the sources, flags and compiler; loading
-it with ctypes; `available` (can this machine run it, and if not, why); `rowdot` (x @ W.T + b through it, W
-float32, bf16 or an exact `compact.CompactWeight`), `argmax_rows` (the greedy pick over rows of logits, for
-`decode.sampling.greedy_token`) and `library` (for `attention.compiled_attention`, the attention kernel's caller). Does not own the module that swaps a
-model's linear layers (`fastlinear.RowDotLinear`), the attention's rule (`attention`) nor the choice of
-kernel (`decode.kernels`).
+Scope: building `rowdot.c`, `rowattn.c`, `argmax.c` and `rownorm.c` (beside this file, sharing `rowkernels.h`)
+into one shared library on first use, cached under `$SPECWIRE_HOME/kernels` by a hash of the sources, flags and
+compiler; loading it with ctypes; `available` (can this machine run it, and if not, why); `rowdot` (x @ W.T + b
+through it, W float32, bf16 or an exact `compact.CompactWeight`), `argmax_rows` (the greedy pick over rows of
+logits, for `decode.sampling.greedy_token`) and `library` (for the other kernels' callers: `attention.compiled_attention`
+and `rownorm`). Does not own the module that swaps a model's linear layers (`fastlinear.RowDotLinear`), the
+attention's rule (`attention`), the norm's module (`rownorm`) nor the choice of kernel (`decode.kernels`).
 
 Why: speculation is lossless only if a T-token verify pass gives each row bitwise the logits of a
 one-token step. A BLAS library picks its kernel and its blocking of the inner dimension by the number
@@ -40,7 +40,7 @@ from specwire.errors import SpecwireError
 from specwire.target.compact import CompactWeight
 
 log = logging.getLogger("specwire")
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("rowdot.c", "rowattn.c", "argmax.c"))  # one library
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("rowdot.c", "rowattn.c", "argmax.c", "rownorm.c"))  # one library
 HEADERS = (Path(__file__).with_name("rowkernels.h"),)  # included by the sources (part of their digest)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared")  # no -ffast-math: the order is the point
 # The builds, by instruction set: the same chains of operations (so bitwise the same products), the avx512
@@ -49,7 +49,7 @@ ISA_FLAGS = {"avx2": FLAGS,
              "avx512": FLAGS + ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-DSPECWIRE_AVX512")}
 ISA_FEATURES = {"avx2": ("avx2", "fma"), "avx512": ("avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl")}
 ISA_ENV = "SPECWIRE_ROWDOT_ISA"  # set to avx2 to build the AVX2 kernels on a CPU with AVX-512
-ABI = 6  # `specwire_rowdot_abi()` of the sources this module calls
+ABI = 7  # `specwire_rowdot_abi()` of the sources this module calls
 
 
 def isa() -> str:
@@ -155,6 +155,8 @@ def _library(build: str | None = None) -> tuple[ctypes.CDLL | None, str]:
     lib.specwire_rowattn_bf16kv.restype = None
     lib.specwire_argmax_rows.argtypes = [ptr, i64, i64, ctypes.c_int, ptr, ctypes.c_int]
     lib.specwire_argmax_rows.restype = None
+    lib.specwire_rmsnorm.argtypes = [ptr, i64, i64, ctypes.c_int, ptr, ctypes.c_int, ctypes.c_float, ptr]
+    lib.specwire_rmsnorm.restype = None
     return lib, ""
 
 

@@ -59,7 +59,7 @@ def main() -> None:
     target = load_decoding_target(args.target, device="cpu", dtype=args.dtype, linear=args.linear)
     model, vocab = target.model, target.info.vocab_size
     norms = [m for m in model.modules() if isinstance(m, RowRMSNorm)]
-    rows = pass_rows(model)
+    rows = pass_rows(model, decoding_cache(model))
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (1, args.context), generator=g)
     xs = {T: torch.randint(0, vocab, (1, T), generator=g) for T in tokens}

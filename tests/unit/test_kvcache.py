@@ -85,3 +85,12 @@ def test_a_crop_keeps_the_buffer_and_the_next_pass_writes_after_the_kept_rows():
     assert layer._k_buf is buf  # written in place, not reallocated
     assert torch.equal(keys[:, :, :2], k[:, :, :2]) and torch.equal(keys[:, :, 2:], new)
     assert torch.equal(values[:, :, :2], k[:, :, :2] + 1000)
+
+
+def test_batch_reshaping_keeps_the_rows_it_selects():
+    layer = GrowingLayer(capacity=8)
+    k = torch.randn(2, 1, 3, 4)
+    layer.update(k, -k)
+    layer.batch_select_indices(torch.tensor([1]))
+    keys, values = layer.update(torch.ones(1, 1, 1, 4), torch.ones(1, 1, 1, 4))
+    assert torch.equal(keys[:, :, :3], k[1:]) and torch.equal(values[:, :, :3], -k[1:]) and keys.shape[-2] == 4

@@ -32,7 +32,7 @@ def test_a_padded_pass_is_bitwise_the_pass(tiny_target, arch, dtype, rows):
     target = load_target(tiny_target(arch), device="cpu", dtype=dtype)
     model, V = target.model, target.info.vocab_size
     pad_linear_rows(model, rows)
-    assert pass_rows(model) == rows
+    assert pass_rows(model, decoding_cache(model)) == rows
     g = torch.Generator().manual_seed(0)
     a, b = decoding_cache(model), decoding_cache(model)
     prompt = torch.tensor([prompt_of(21, seed=2)])
@@ -77,3 +77,13 @@ def test_a_filler_row_sees_the_prefix_and_itself_and_no_real_row_sees_a_filler()
                                                 [True, True, False, False, False, True]]))
     additive = torch.zeros(1, 1, 2, 4).masked_fill(~mask, torch.finfo(torch.float32).min)
     assert torch.equal(_padded_mask(additive, 2)[0, 0] == 0, grown)
+
+
+def test_a_cache_that_cannot_drop_fillers_gets_none(tiny_target):
+    """transformers' sliding-window layers refuse a crop once the window is full: passes into them pad per product."""
+    from transformers import DynamicCache
+
+    target = load_target(tiny_target("mistral", sliding_window=16), device="cpu", dtype="float32")
+    pad_linear_rows(target.model, 4)
+    assert pass_rows(target.model, DynamicCache(config=target.model.config)) == 1
+    assert pass_rows(target.model, decoding_cache(target.model)) == 1  # its layers stay transformers' own

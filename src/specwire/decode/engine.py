@@ -551,7 +551,7 @@ def speculative_generate(
     model, dev = target.model, target.device
     t0 = time.perf_counter()
     cache = decoding_cache(model, len(prompt_ids) + max_new_tokens + spec.num_draft_tokens + spec.num_steps + 24)
-    rows = pass_rows(model)  # every pass runs on this multiple of tokens (`target.passes`)
+    rows = pass_rows(model, cache)  # every pass runs on this multiple of tokens (`target.passes`)
     fallback = tree_unsupported(target, cache) if use_tree else None
     if fallback:
         use_tree = False

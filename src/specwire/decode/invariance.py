@@ -45,7 +45,7 @@ def random_tree(size: int, vocab: int, generator: torch.Generator, device) -> Dr
 def _steps(model, cache, tokens: list[int], start: int, device) -> list[torch.Tensor]:
     """Logits of decoding `tokens` one at a time after `start` cached positions, as plain decoding's steps run
     (`target.passes.padded_pass`); the cache is cropped back after."""
-    out, rows = [], pass_rows(model)
+    out, rows = [], pass_rows(model, cache)
     for j, tok in enumerate(tokens):
         ids = torch.tensor([[tok]], device=device)
         pos = torch.tensor([[start + j]], device=device)
@@ -79,7 +79,7 @@ def pass_invariance(target: Target, prompts: list[list[int]], *, sizes=(2, 6, 16
                     eager = model.config._attn_implementation == "eager"
                     mask = pass_mask(t, past, additive=target.dtype if eager else None)
                     positions = (t.positions() + past)[None]
-                logits = padded_pass(model, t.tokens[None], cache, pass_rows(model), mask=mask,
+                logits = padded_pass(model, t.tokens[None], cache, pass_rows(model, cache), mask=mask,
                                      positions=positions)[0]  # shape: [T, V]
                 cache.crop(past)
                 leaves = [i for i in range(T) if not t.children[i]]

@@ -68,7 +68,7 @@ def plain_generate(
     model = target.model
     t0 = time.perf_counter()
     cache = decoding_cache(model, len(prompt_ids) + max_new_tokens + 16)
-    rows = pass_rows(model)  # every pass runs on this multiple of tokens (`target.passes`)
+    rows = pass_rows(model, cache)  # every pass runs on this multiple of tokens (`target.passes`)
     ids = torch.tensor([prompt_ids], device=target.device)
     out: list[int] = []
     forwards = 0

@@ -67,6 +67,19 @@ class GrowingLayer(DynamicLayer):
         self._k_buf = self._v_buf = None
         super().reset()
 
+    # transformers' batch reshaping (beam search; decoding never calls it) makes new tensors: they become the buffers
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self._adopt()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self._adopt()
+
+    def _adopt(self) -> None:
+        if self._k_buf is not None:
+            self._k_buf, self._v_buf = self.keys, self.values
+
 
 def decoding_cache(model, capacity: int = 0) -> DynamicCache:
     """A `DynamicCache` for `model` whose full-attention layers are `GrowingLayer`s with room for `capacity`

@@ -1,7 +1,8 @@
 """One decoding pass of the target over T new tokens, run on the row multiple its linear layers pad to.
 
 Scope: `padded_pass` (the logits of a chain or tree pass whose token count is rounded up to `rows` with filler
-tokens, their keys and values dropped after) and `pass_rows` (the multiple a loaded model's products pad to).
+tokens, their keys and values dropped after) and `pass_rows` (the multiple a loaded model's products pad to, where
+its cache can drop the fillers).
 Plain decoding, the speculative engine, the invariance check and the pass-cost curve run their passes through
 it, so what is checked and measured is what decodes. Does not own the row padding itself (`fastlinear`,
 measured by `invariance`) nor the KV cache (`kvcache`).
@@ -20,10 +21,17 @@ from __future__ import annotations
 import torch
 
 
-def pass_rows(model) -> int:
-    """The row multiple the model's products pad to (1: none, and `padded_pass` adds no filler)."""
-    from specwire.target.fastlinear import linear_min_rows
+def pass_rows(model, cache) -> int:
+    """The row multiple the model's products pad to, for passes into `cache`: 1 (no filler) where they pad
+    nothing, or where a layer of the cache cannot drop the fillers' keys and values at any length (transformers'
+    sliding-window layers refuse a crop once the window is full); those passes pad per product, as before."""
+    from transformers.cache_utils import DynamicLayer
 
+    from specwire.target.fastlinear import linear_min_rows
+    from specwire.target.kvcache import GrowingLayer
+
+    if any(type(layer) not in (DynamicLayer, GrowingLayer) for layer in getattr(cache, "layers", [None])):
+        return 1
     return linear_min_rows(model)
 
 

@@ -350,15 +350,13 @@ class EagleProposer:
 
 def tree_unsupported(target: Target, cache) -> str | None:
     """Why a tree pass cannot run on this target (then the engine drafts chains), or None."""
-    from transformers.cache_utils import DynamicLayer
-
     from specwire.target.attention import INVARIANT_NAMES
-    from specwire.target.kvcache import GrowingLayer
+    from specwire.target.kvcache import croppable
 
     impl = getattr(target.model.config, "_attn_implementation", None)
     if impl not in ("sdpa", "eager", *INVARIANT_NAMES):
         return f"attention implementation '{impl}' takes no custom 4D tree mask"
-    if any(type(layer) not in (DynamicLayer, GrowingLayer) for layer in getattr(cache, "layers", [None])):
+    if not croppable(cache):
         return "the target's KV cache has non-plain layers (sliding window / recurrent); no tree compaction"
     return None
 
@@ -550,7 +548,7 @@ def speculative_generate(
     eos = set(target.eos_token_ids) if stop_on_eos else set()
     model, dev = target.model, target.device
     t0 = time.perf_counter()
-    cache = decoding_cache(model, len(prompt_ids) + max_new_tokens + spec.num_draft_tokens + spec.num_steps + 24)
+    cache = decoding_cache(model, len(prompt_ids) + max_new_tokens + spec.num_draft_tokens + spec.num_steps)
     rows = pass_rows(model, cache)  # every pass runs on this multiple of tokens (`target.passes`)
     fallback = tree_unsupported(target, cache) if use_tree else None
     if fallback:

@@ -67,7 +67,7 @@ def plain_generate(
     eos = set(target.eos_token_ids) if stop_on_eos else set()
     model = target.model
     t0 = time.perf_counter()
-    cache = decoding_cache(model, len(prompt_ids) + max_new_tokens + 16)
+    cache = decoding_cache(model, len(prompt_ids) + max_new_tokens)
     rows = pass_rows(model, cache)  # every pass runs on this multiple of tokens (`target.passes`)
     ids = torch.tensor([prompt_ids], device=target.device)
     out: list[int] = []

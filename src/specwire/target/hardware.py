@@ -199,7 +199,7 @@ def measure_pass_ms(model, tokens, *, context: int = 256, reps: int = 5, vocab: 
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (1, context), generator=g).to(dev)
     xs = {T: torch.randint(0, vocab, (1, T), generator=g).to(dev) for T in tokens}
-    cache = decoding_cache(model, context + max(tokens) + 16)
+    cache = decoding_cache(model, context + max(tokens))
     rows = pass_rows(model, cache)
     model(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)
     times: dict[int, list[float]] = {T: [] for T in tokens}

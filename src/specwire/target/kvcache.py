@@ -1,7 +1,8 @@
 """The target's KV cache for decoding: transformers' `DynamicCache`, its full-attention layers written in place.
 
-Scope: `GrowingLayer` (a `DynamicLayer` whose keys and values are views of buffers with room to spare) and
-`decoding_cache` (a `DynamicCache` for a model with those layers; sliding-window layers are kept as they are).
+Scope: `GrowingLayer` (a `DynamicLayer` whose keys and values are views of buffers with room to spare),
+`decoding_cache` (a `DynamicCache` for a model with those layers; sliding-window layers are kept as they are) and
+`croppable` (can every layer of a cache drop its last positions at any length).
 Plain decoding, the speculative engine, the pass-cost curve and the invariance check all take it, so what is
 measured and checked is what decodes. Does not own cropping a rejected tree branch (`decode.engine.keep_accepted`
 writes through the views) nor the continuous-batching cache (`data.continuous.SlotCache`).
@@ -21,7 +22,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-MIN_ROOM = 64  # positions a buffer holds beyond what it was asked for, at least, when it is (re)allocated
+MIN_ROOM = 64  # positions a buffer holds beyond what it was asked for when it is (re)allocated (fillers, a tree)
 
 
 class GrowingLayer(DynamicLayer):
@@ -43,7 +44,7 @@ class GrowingLayer(DynamicLayer):
         """`buf`, or a larger buffer holding its first `used` positions, with room for `need` positions."""
         if buf is not None and buf.shape[-2] >= need:
             return buf
-        size = max(need + MIN_ROOM, 2 * need if buf is not None else self.capacity_hint)
+        size = (2 * need if buf is not None else max(need, self.capacity_hint)) + MIN_ROOM
         grown = new.new_empty((*new.shape[:-2], size, new.shape[-1]))  # shape: [B, H, size, D]
         if used:
             grown[..., :used, :] = buf[..., :used, :]
@@ -79,6 +80,12 @@ class GrowingLayer(DynamicLayer):
     def _adopt(self) -> None:
         if self._k_buf is not None:
             self._k_buf, self._v_buf = self.keys, self.values
+
+
+def croppable(cache) -> bool:
+    """Can every layer of `cache` drop its last positions at any length? transformers' plain layers and ours can;
+    its sliding-window layers refuse once their window is full."""
+    return all(type(layer) in (DynamicLayer, GrowingLayer) for layer in getattr(cache, "layers", [None]))
 
 
 def decoding_cache(model, capacity: int = 0) -> DynamicCache:

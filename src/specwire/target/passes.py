@@ -25,14 +25,10 @@ def pass_rows(model, cache) -> int:
     """The row multiple the model's products pad to, for passes into `cache`: 1 (no filler) where they pad
     nothing, or where a layer of the cache cannot drop the fillers' keys and values at any length (transformers'
     sliding-window layers refuse a crop once the window is full); those passes pad per product, as before."""
-    from transformers.cache_utils import DynamicLayer
-
     from specwire.target.fastlinear import linear_min_rows
-    from specwire.target.kvcache import GrowingLayer
+    from specwire.target.kvcache import croppable
 
-    if any(type(layer) not in (DynamicLayer, GrowingLayer) for layer in getattr(cache, "layers", [None])):
-        return 1
-    return linear_min_rows(model)
+    return linear_min_rows(model) if croppable(cache) else 1
 
 
 def _padded_mask(mask: torch.Tensor, pad: int) -> torch.Tensor:

@@ -35,14 +35,17 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1 / 64}  # relative: the check
 
 def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., H] (float32 or bf16, CPU), weight [H] (float32 or bf16) -> [..., H] in x's dtype, by the kernel."""
+    return _call(library().specwire_rmsnorm, x, weight.contiguous(), ctypes.c_float(eps))
+
+
+def _call(fn, x: torch.Tensor, w: torch.Tensor, eps: ctypes.c_float) -> torch.Tensor:
+    """`specwire_rmsnorm` (`fn`) over x [..., H] with the contiguous weight w [H]."""
+    x = x if x.is_contiguous() else x.contiguous()
+    y = torch.empty_like(x)
     H = x.shape[-1]
-    flat = x.reshape(-1, H)
-    flat = flat if flat.is_contiguous() else flat.contiguous()  # shape: [rows, H]
-    w = weight if weight.is_contiguous() else weight.contiguous()
-    y = torch.empty_like(flat)
-    library().specwire_rmsnorm(flat.data_ptr(), flat.shape[0], H, int(flat.dtype == torch.bfloat16), w.data_ptr(),
-                               int(w.dtype == torch.bfloat16), float(eps), y.data_ptr())
-    return y.view(x.shape)
+    fn(x.data_ptr(), x.numel() // H if H else 0, H, int(x.dtype == torch.bfloat16), w.data_ptr(),
+       int(w.dtype == torch.bfloat16), eps, y.data_ptr())
+    return y
 
 
 def _epsilon(module: nn.Module) -> float | None:
@@ -77,21 +80,14 @@ class RowRMSNorm(nn.Module):
         self.weight, self.eps = norm.weight, eps
         self.reference = norm.forward  # a bound method (not a submodule): the weight stays registered once
         # the call's constant arguments, resolved once: a norm runs on a handful of rows, so its dispatch is its cost
-        self._fn = library().specwire_rmsnorm
-        self._bf16 = int(norm.weight.dtype == torch.bfloat16)
-        self._eps = ctypes.c_float(eps)
+        self._fn, self._eps = library().specwire_rmsnorm, ctypes.c_float(eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., H] -> [..., H]
         w = self.weight
         if (self.stock or x.dtype != w.dtype or x.device.type != "cpu"
                 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
             return self.reference(x)
-        x = x if x.is_contiguous() else x.contiguous()
-        y = torch.empty_like(x)
-        H = x.shape[-1]
-        self._fn(x.data_ptr(), x.numel() // H if H else 0, H, self._bf16, w.data_ptr(), self._bf16, self._eps,
-                 y.data_ptr())
-        return y
+        return _call(self._fn, x, w, self._eps)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)[0]}, eps={self.eps}"

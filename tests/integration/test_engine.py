@@ -165,6 +165,56 @@ def test_greedy_eos_with_random_draft(target, draft):
         cfg.eos_token_id = old
 
 
+# ---- context lookup ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("budget", ["fixed", "auto"])
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("seed", [0, 1, 3])
+def test_copied_tokens_are_accepted_losslessly(target, draft, tree, budget, seed):
+    """The tiny target's greedy answers fall into loops, which the lookup copies: copied branches are verified and
+    accepted (through the tree pass and KV compaction when they branch off the draft's tree), and the output is
+    plain greedy decoding's, with the lookup on or off."""
+    prompt = prompt_of(16, seed=seed)
+    ref = plain_generate(target, prompt, max_new_tokens=40, stop_on_eos=False).output_ids
+    on = speculative_generate(target, draft, prompt, max_new_tokens=40, tree=tree, stop_on_eos=False,
+                              spec=SpecConfig(budget=budget))
+    off = speculative_generate(target, draft, prompt, max_new_tokens=40, tree=tree, stop_on_eos=False,
+                               spec=SpecConfig(budget=budget, lookup=0))
+    assert on.output_ids == ref and off.output_ids == ref
+    copies = on.extra["lookup"]
+    assert copies["rounds"] > 0 and 0 < copies["accepted"] <= copies["tokens"]
+    assert off.extra["lookup"]["rounds"] == 0 and off.extra["lookup"]["max"] == 0
+    # the draft's own acceptance is counted apart: copied tokens raise the accept length, not the positions' rates
+    assert len(on.extra["accept_per_position"]) == SpecConfig().num_steps
+    if budget == "fixed":  # every proposal verified whole: the random draft alone accepts almost nothing
+        assert on.extra["num_verify_passes"] < off.extra["num_verify_passes"]
+
+
+def test_copied_tokens_stop_at_max_new_tokens_and_eos(target, draft):
+    prompt = prompt_of(16, seed=0)  # its answer repeats one token
+    ref = plain_generate(target, prompt, max_new_tokens=30, stop_on_eos=False).output_ids
+    for n in (1, 2, 5, 11):
+        res = speculative_generate(target, draft, prompt, max_new_tokens=n, stop_on_eos=False,
+                                   spec=SpecConfig(budget="fixed"))
+        assert res.output_ids == ref[:n] and res.stop_reason == "length"
+    cfg = target.model.generation_config
+    old = cfg.eos_token_id
+    cfg.eos_token_id = ref[3]
+    try:
+        plain = plain_generate(target, prompt, max_new_tokens=30)
+        res = speculative_generate(target, draft, prompt, max_new_tokens=30, spec=SpecConfig(budget="fixed"))
+        assert res.output_ids == plain.output_ids and res.stop_reason == plain.stop_reason == "eos"
+    finally:
+        cfg.eos_token_id = old
+
+
+def test_sampled_decoding_copies_nothing(target, draft):
+    res = speculative_generate(target, draft, prompt_of(16, seed=0), max_new_tokens=20,
+                               params=SamplingParams(temperature=1.0), generator=make_generator(0),
+                               spec=SpecConfig(budget="fixed"))
+    assert res.extra["lookup"]["rounds"] == 0 and res.extra["lookup"]["max"] == 0
+
+
 # ---- sampling -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
@@ -202,7 +252,8 @@ def test_metrics_are_consistent(target, draft):
         assert key in ex
     assert ex["draft_s"] > 0 and ex["verify_s"] > 0
     assert ex["draft_s"] + ex["verify_s"] + ex["other_s"] == pytest.approx(res.seconds, rel=1e-6, abs=1e-6)
-    assert 1.0 <= ex["accept_length"] <= 1 + SpecConfig(budget="fixed").num_steps
+    spec = SpecConfig(budget="fixed")
+    assert 1.0 <= ex["accept_length"] <= 1 + spec.num_steps + spec.lookup  # copied tokens may go past the draft's
     assert len(ex["accept_per_position"]) == SpecConfig(budget="fixed").num_steps
     assert res.tokens_per_s > 0
 

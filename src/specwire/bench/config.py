@@ -29,7 +29,7 @@ DRAFT_METHODS = ("eagle3-chain", "eagle3-tree")
 REFERENCE = "plain"  # every method's output is compared with this one's (greedy oracle)
 BASELINE = "hf-generate"
 PROMPT_LOOKUP_TOKENS = 10  # n-gram candidates per step for hf-prompt-lookup
-SPEC_KNOBS = ("num_steps", "topk", "num_draft_tokens", "budget")  # the SpecConfig fields a bench records (the method picks tree/chain)
+SPEC_KNOBS = ("num_steps", "topk", "num_draft_tokens", "budget", "lookup")  # the SpecConfig fields a bench records (the method picks tree/chain)
 # BenchConfig fields a resumed run may change: a larger limit extends a run with more prompts.
 RESUME_FREE_FIELDS = ("limit", "out_dir", "resume", "progress", "command")
 
@@ -143,6 +143,7 @@ def upgrade_settings(recorded: Mapping[str, Any]) -> dict[str, Any]:
         if k in d and d[k] is None:
             d[k] = getattr(default, k)
     d.setdefault("budget", "fixed")  # runs recorded before `auto` used the knobs as given
+    d.setdefault("lookup", 0)  # runs recorded before context lookup verified no copied tokens
     return d
 
 
@@ -186,6 +187,7 @@ class MethodResult:
     speedup_vs_hf: float | None = None  # tokens_per_s / hf-generate's (None when not run)
     speedup_vs_plain: float | None = None  # tokens_per_s / plain's
     budgets: dict[str, int] | None = None  # draft methods: rounds run with each speculation budget (auto's choices)
+    lookup: dict[str, int] | None = None  # draft methods: {"rounds", "tokens", "accepted"} of the copied branch, summed
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -126,6 +126,19 @@ def render_budgets(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
+def render_lookup(report: BenchReport) -> str:
+    """One line per draft method that verified copied tokens (`decode.lookup`): how often, and what they gave."""
+    lines = []
+    for r in report.results:
+        c = r.lookup
+        if c and c["rounds"]:
+            passes = (r.time_split or {}).get("verify_passes") or 0
+            per = f", {c['accepted'] / passes:.2f} a verify pass" if passes else ""
+            lines.append(f"  {r.method:<14} {c['rounds']} rounds verified {c['tokens']} copied tokens; "
+                         f"{c['accepted']} accepted beyond the draft's{per}")
+    return "\n".join(lines)
+
+
 def render_summary(report: BenchReport) -> str:
     """What `specwire bench` prints: the table, per-position acceptance, the speed-up line, the folder."""
     c = report.config
@@ -139,6 +152,9 @@ def render_summary(report: BenchReport) -> str:
     if budgets:
         parts += ["", f"speculation budget ({report.config.spec.budget}), rounds per choice ('none': plain steps):",
                   budgets]
+    copies = render_lookup(report)
+    if copies:
+        parts += ["", f"context lookup (up to {report.config.spec.lookup} copied tokens a round):", copies]
     parts += ["", speedup_sentence(report)]
     parts += [f"note: {n}" for n in report.notes]
     if report.run_dir:
@@ -158,6 +174,11 @@ def render_markdown(report: BenchReport) -> str:
     if budgets:
         lines += [f"Speculation budget ({c.spec.budget}): verify rounds run with each choice ('none': plain steps).", "",
                   "```", budgets, "```", ""]
+    copies = render_lookup(report)
+    if copies:
+        lines += [f"Context lookup (up to {c.spec.lookup} tokens a round copied from where the text's last words "
+                  "occurred before, verified beside the draft's; the accept length includes the copied tokens "
+                  "accepted, the acceptance per position only the draft's):", "", "```", copies, "```", ""]
     lines += [speedup_sentence(report), ""]
     cats = render_categories(report)
     if cats:

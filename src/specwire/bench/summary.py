@@ -49,7 +49,7 @@ def summarize_method(method: str, runs: Sequence[PromptRun], reference: dict[str
         if pos is not None:
             mismatches += 1
             first = first or {"prompt_id": r.prompt_id, "position": pos}
-    accept = per_pos = split = None
+    accept = per_pos = split = lookup = None
     if method in DRAFT_METHODS:
         # Weight each request by its verify passes so the aggregate keeps the engine's definition.
         passes = [float(r.extra.get("num_verify_passes") or 0) for r in runs]
@@ -71,13 +71,15 @@ def summarize_method(method: str, runs: Sequence[PromptRun], reference: dict[str
         for r in runs:  # rounds per speculation budget ("none" counts plain steps under --budget auto)
             for label, n in ((r.extra.get("budget_used") or {}).get("budgets_used") or {}).items():
                 budgets[label] = budgets.get(label, 0) + int(n)
+        copies = [r.extra["lookup"] for r in runs if r.extra.get("lookup")]  # runs recorded before lookup have none
+        lookup = {k: sum(int(c.get(k) or 0) for c in copies) for k in ("rounds", "tokens", "accepted")} if copies else None
     return MethodResult(
         method=method, tokens=tokens, seconds=seconds,
         tokens_per_s=tokens / seconds if seconds > 0 else float("nan"),
         target_forwards=fwd, tokens_per_forward=(tokens / fwd) if fwd else None,
         accept_length=accept, accept_per_position=per_pos,
         lossless=mismatches == 0, mismatches=mismatches, first_mismatch=first, time_split=split,
-        budgets=budgets if method in DRAFT_METHODS else None,
+        budgets=budgets if method in DRAFT_METHODS else None, lookup=lookup if method in DRAFT_METHODS else None,
     )
 
 

@@ -1,5 +1,6 @@
 """The speculation options every decoding command shares: `--budget`, `--num-steps`, `--topk`,
-`--num-draft-tokens` and (optionally) `--tree` / `--chain`, generated from `specwire.decode.engine.SpecConfig`.
+`--num-draft-tokens`, `--lookup` and (optionally) `--tree` / `--chain`, generated from
+`specwire.decode.engine.SpecConfig`.
 
 Owns: adding those flags to a parser and building the `SpecConfig` back from the parsed arguments.
 Each flag's default and help come from the SpecConfig field (its trailing comment), so they are the
@@ -21,8 +22,9 @@ SPEC_FLAGS = ("num_steps", "topk", "num_draft_tokens")  # the SpecConfig fields 
 
 
 def add_spec_options(p: argparse.ArgumentParser, *, mode: bool = False, budget: bool = True) -> None:
-    """--budget (with `budget`), --num-steps, --topk, --num-draft-tokens; with `mode`, also --tree / --chain."""
-    add_config_options(p, SpecConfig, only=SPEC_FLAGS + (("budget",) if budget else ()),
+    """--budget (with `budget`), --num-steps, --topk, --num-draft-tokens, --lookup; with `mode`, also --tree /
+    --chain."""
+    add_config_options(p, SpecConfig, only=SPEC_FLAGS + ("lookup",) + (("budget",) if budget else ()),
                        choices={"budget": BUDGET_MODES})
     for action in p._actions:  # None marks "not given", so an explicit number can mean a fixed budget
         if action.dest in SPEC_FLAGS + ("budget",) and action.default is not None:
@@ -42,5 +44,7 @@ def spec_from_args(args: argparse.Namespace, **overrides: Any) -> SpecConfig:
         values["budget"] = "fixed"
     if hasattr(args, "tree"):
         values["tree"] = args.tree
+    if getattr(args, "lookup", None) is not None:
+        values["lookup"] = args.lookup
     values.update(overrides)
     return SpecConfig(**values)

@@ -73,8 +73,9 @@ from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import AttendFn, Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
 from specwire.decode.budget import (DEFAULT_ACCEPTANCE, DEFAULT_ACCEPTANCE_TOPK, AcceptanceModel, Budget, CostModel,
-                                    Planner)
+                                    Planner, evaluate)
 from specwire.decode.draft_step import ServedStep, draft_kernel
+from specwire.decode.lookup import Graft, LookupModel, NgramIndex, graft, tail_length
 from specwire.decode.plain import GenerationResult, check_request
 from specwire.decode.sampling import (SamplingParams, greedy_token, logits_to_probs, make_generator, next_token,
                                       sample_from)
@@ -100,6 +101,7 @@ class SpecConfig:
     num_draft_tokens: int = 16  # tree budget: draft tokens verified per pass, kept by cumulative draft probability (a cap under --budget auto)
     tree: bool = True  # tree (EAGLE-2 dynamic) or chain drafting
     budget: str = "auto"  # "auto": choose the depth/branching/tokens per round by measured cost and acceptance; "fixed": use them as given
+    lookup: int = 8  # context lookup: at most this many tokens copied from where the text's last words occurred before, verified beside the draft's (greedy decoding; 0: off; a cap under --budget auto)
 
     def __post_init__(self):
         if self.budget not in BUDGET_MODES:
@@ -111,6 +113,8 @@ class SpecConfig:
                 default = type(self).__dataclass_fields__[name].default
                 raise SpecwireError(f"SpecConfig.{name}: expected a positive integer, found {v!r}.",
                                     fix=f"--{name.replace('_', '-')} {default}")
+        if not isinstance(self.lookup, int) or isinstance(self.lookup, bool) or self.lookup < 0:
+            raise SpecwireError(f"SpecConfig.lookup: expected an integer >= 0, found {self.lookup!r}.", fix="--lookup 8")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -464,6 +468,7 @@ class AutoBudget:
         if carried and len(carried) == self.acceptance.depth:
             self.acceptance.live = [list(counts) for counts in carried]
         self.carried_rounds = int(max((c[1] for c in self.acceptance.live), default=0))  # (what it starts from)
+        self.lookup = LookupModel(live=[list(c) for c in self._learnt_live.get("lookup", [])])
         self.tree = tree
         self.plan = Planner(self.acceptance, self.cost, spec.num_steps, spec.topk, spec.num_draft_tokens, tree)
 
@@ -489,6 +494,18 @@ class AutoBudget:
             self.cost.learn_round(budget, round_ms)
             self._keep_costs()
 
+    def lookup_tail(self, budget: Budget, T: int, shared: int, available: int) -> int:
+        """How many of `available` copied tokens past the first `shared` (already in the draft's tree of T tokens)
+        this round should verify: those that pay for their rows by the lookup's live acceptance."""
+        choice = evaluate(budget, self.acceptance, self.cost)
+        base_ms = self.cost.target(T)
+        return tail_length(self.lookup.rates(shared + available), shared, available, choice.tokens_per_round,
+                           choice.ms_per_round, lambda t: self.cost.target(T + t) - base_ms)
+
+    def observe_lookup(self, copied: Graft, accepted: list[int]) -> None:
+        self.lookup.observe(copied.path, accepted)
+        self._learnt_live["lookup"] = self.lookup.carried(CARRY_ROUNDS)
+
     def report(self) -> dict:
         return {"budgets_used": dict(self.plan.used), "overhead_ms": round(self.cost.overhead_ms, 3),
                 "scale": round(self.cost.scale, 3), "probes": self.plan.probes, "explored": self.plan.explored,
@@ -496,6 +513,20 @@ class AutoBudget:
                 "pass_ratio": {T: round(r, 3) for T, (r, _) in sorted(self.cost.passes.items())},
                 "target_ms": {t: round(v, 2) for t, v in self.cost.target_ms.items() if t in (1, 2, 4, 8, 16, 17)},
                 "draft_ms": {w: round(v, 3) for w, v in self.cost.draft_ms.items()}}
+
+
+def _copy_branch(tree: DraftTree, proposal: list[int], auto: AutoBudget | None, budget: Budget, *,
+                 trees: bool) -> Graft | None:
+    """The draft's `tree` with the copied `proposal` grafted on (`decode.lookup.graft`), cut under `auto` to the
+    length that pays; None where nothing is added (the proposal is in the tree already, does not pay, or would
+    branch off a chain on a target that takes no tree pass)."""
+    whole = graft(tree, proposal)
+    tail = whole.added if auto is None or not whole.added else auto.lookup_tail(budget, tree.size, whole.shared,
+                                                                                whole.added)
+    if not tail:
+        return None
+    cut = whole if tail == whole.added else graft(tree, proposal[:whole.shared + tail])
+    return cut if trees or cut.tree.is_chain else None
 
 
 def fixed_budget(spec: SpecConfig, tree: bool) -> Budget:
@@ -509,10 +540,11 @@ class _Stats:
         self.passes = 0
         self.produced = 0
 
-    def add(self, tree: DraftTree, res: VerifyResult) -> None:
+    def add(self, tree: DraftTree, n: int, produced: int) -> None:
+        """One verify pass over the draft's `tree`, of whose tokens `n` were accepted, producing `produced` tokens
+        (copied ones included)."""
         self.passes += 1
-        self.produced += len(res.tokens)
-        n = res.num_accepted
+        self.produced += produced
         for k in range(min(tree.max_depth, len(self.reach))):
             if n >= k:
                 self.reach[k] += 1
@@ -548,11 +580,15 @@ def speculative_generate(
     eos = set(target.eos_token_ids) if stop_on_eos else set()
     model, dev = target.model, target.device
     t0 = time.perf_counter()
-    cache = decoding_cache(model, len(prompt_ids) + max_new_tokens + spec.num_draft_tokens + spec.num_steps)
+    cache = decoding_cache(model, len(prompt_ids) + max_new_tokens + spec.num_draft_tokens + spec.num_steps + spec.lookup)
     rows = pass_rows(model, cache)  # every pass runs on this multiple of tokens (`target.passes`)
-    fallback = tree_unsupported(target, cache) if use_tree else None
+    no_tree = tree_unsupported(target, cache) if use_tree or spec.lookup else None  # why a tree pass cannot run
+    fallback = no_tree if use_tree else None
     if fallback:
         use_tree = False
+    # context lookup (`decode.lookup`): greedy rounds only; a copied branch off a chain needs a tree pass
+    index = NgramIndex(prompt_ids) if spec.lookup and params.greedy else None
+    copies = {"rounds": 0, "tokens": 0, "accepted": 0}
     if isinstance(draft, Eagle3Draft):
         budget = spec.num_draft_tokens if use_tree else spec.num_steps
         proposer = EagleProposer(draft, capacity=len(prompt_ids) + max_new_tokens + spec.num_steps * spec.topk + budget + 8)
@@ -562,6 +598,7 @@ def speculative_generate(
     stats = _Stats(spec.num_steps)
     fixed = fixed_budget(spec, use_tree)
     auto = AutoBudget(target, draft, spec, use_tree) if spec.budget == "auto" and isinstance(draft, Eagle3Draft) else None
+    lookup = auto.lookup if auto else LookupModel()
     plain_steps = 0
     draft_s = verify_s = plain_s = 0.0
     out: list[int] = []
@@ -571,6 +608,8 @@ def speculative_generate(
         nonlocal stop
         for tok in tokens:
             out.append(tok)
+            if index is not None:
+                index.extend((tok,))
             if on_token:
                 on_token(tok)
             if tok in eos:
@@ -617,6 +656,12 @@ def speculative_generate(
             backlog = tokens.shape[0]  # positions the draft reads first: 1 + accepted, more after a prompt or plain steps
             dtree = proposer.propose(states, tokens, past, steps=steps, spec=round_spec, tree=not budget.is_chain,
                                      params=params, generator=generator)
+            base, copied = dtree, None
+            if index is not None:
+                proposal = index.propose(min(spec.lookup, max_new_tokens - len(out) - 1))
+                if proposal:
+                    copied = _copy_branch(dtree, proposal, auto, budget, trees=not no_tree)
+                    dtree = copied.tree if copied else dtree
             tv = time.perf_counter()
             draft_s += tv - td
             past = cache.get_seq_length()
@@ -643,11 +688,21 @@ def speculative_generate(
             states = fused(torch.tensor(keep, device=dev))  # shape: [m+1, n*H], positions past..past+m
             tokens = torch.tensor(res.tokens, device=dev)  # the token after each kept position
             root = tokens[-1]
-            stats.add(dtree, res)
+            drafted = sum(1 for node in res.accepted if node < base.size)  # the draft's tokens among those accepted
+            stats.add(base, drafted, len(res.tokens))
+            if copied:
+                copies["rounds"] += 1
+                copies["tokens"] += copied.added
+                copies["accepted"] += res.num_accepted - drafted
+                if auto:
+                    auto.observe_lookup(copied, res.accepted)
+                else:
+                    lookup.observe(copied.path, res.accepted)
             verify_s += time.perf_counter() - tv
-            if auto and dtree.size > 1:
-                auto.observe(budget, dtree.max_depth, res.num_accepted,
-                             1000 * (time.perf_counter() - td) if backlog <= budget.num_steps + 1 else None)
+            if auto and base.size > 1:
+                extra_ms = auto.cost.target(dtree.size) - auto.cost.target(base.size)  # the copied rows, not overhead
+                auto.observe(budget, base.max_depth, drafted,
+                             1000 * (time.perf_counter() - td) - extra_ms if backlog <= budget.num_steps + 1 else None)
             done = emit(res.tokens)
     seconds = time.perf_counter() - t0
     passes = stats.passes
@@ -668,5 +723,6 @@ def speculative_generate(
         "budget": spec.budget if auto else "fixed",
         "budget_used": auto.report() if auto else {"budgets_used": {fixed.label(): passes}},
         "plain_steps": plain_steps,
+        "lookup": {**copies, "max": spec.lookup if index is not None else 0, "rates": lookup.report()},
     }
     return GenerationResult(list(prompt_ids), out, stop, seconds, 1 + passes + plain_steps, extra)

@@ -48,7 +48,12 @@ def test_auto_is_lossless_reports_its_budgets_and_learns(tiny_target, tmp_path, 
         assert res.extra["verify_s"] > 0 and res.extra["other_s"] >= 0
 
 
-def test_auto_probes_after_plain_steps_and_the_draft_reads_the_skipped_positions(tiny_target, tmp_path, monkeypatch):
+@pytest.mark.parametrize("lookup", [0, 8], ids=["plain-steps", "copied-tokens-too"])
+def test_auto_probes_after_plain_steps_and_the_draft_reads_the_skipped_positions(tiny_target, tmp_path, monkeypatch,
+                                                                                 lookup):
+    """Under auto's plain steps the draft reads nothing; when it speculates again it reads every skipped position,
+    whether a plain step or a round of copied tokens alone (`decode.lookup`, which this tiny target's looping
+    answer takes often) produced it."""
     target = load_target(tiny_target("llama"), device="cpu")
     folder = make_draft_dir(target, tmp_path / "draft")
     write_acceptance(folder, CLAIMED)
@@ -69,19 +74,23 @@ def test_auto_probes_after_plain_steps_and_the_draft_reads_the_skipped_positions
     timed = engine.AutoBudget.observe_pass
     monkeypatch.setattr(engine.AutoBudget, "observe_pass", lambda self, T, ms: timed(self, T, self.cost.curve(T)))
     prompt = prompt_of(6, seed=3)
-    n = 4 * PROBE_AFTER
+    n = 4 * PROBE_AFTER if not lookup else 240  # copied tokens end the answer in fewer rounds: a longer one
     ref = plain_generate(target, prompt, max_new_tokens=n, stop_on_eos=False)
-    res = speculative_generate(target, draft, prompt, max_new_tokens=n, spec=SpecConfig(tree=False), stop_on_eos=False)
+    res = speculative_generate(target, draft, prompt, max_new_tokens=n, spec=SpecConfig(tree=False, lookup=lookup),
+                               stop_on_eos=False)
     assert res.output_ids == ref.output_ids
     report = res.extra["budget_used"]
-    assert report["probes"] >= 1 and res.extra["plain_steps"] >= PROBE_AFTER, report
+    if lookup:
+        assert res.extra["lookup"]["alone"] >= 1 and res.extra["lookup"]["accepted"] >= 1, res.extra["lookup"]
+    else:
+        assert report["probes"] >= 1 and res.extra["plain_steps"] >= PROBE_AFTER, report
     # every proposal after the first reads the target's own states at positions start.., whatever ran before
     seq = torch.tensor([prompt + res.output_ids])
     with capture_hooks(target.parts, draft.config.wiring.hs_ids) as store:
         target.model(input_ids=seq)
         full = torch.cat([store[i] for i in draft.config.wiring.hs_ids], dim=-1)[0]  # shape: [len, n*H]
     backlogs = [t.shape[0] for _, t, _ in fed[1:]]
-    assert max(backlogs) > PROBE_AFTER  # a probe's first round reads the plain steps' positions
+    assert max(backlogs) > (PROBE_AFTER if not lookup else 2)  # a probe's first round reads the skipped positions
     for states, tokens, start in fed[1:]:
         T = tokens.shape[0]
         assert tokens.tolist() == seq[0, start + 1:start + 1 + T].tolist()

@@ -529,6 +529,14 @@ def _copy_branch(tree: DraftTree, proposal: list[int], auto: AutoBudget | None, 
     return cut if trees or cut.tree.is_chain else None
 
 
+def _count_copies(copies: dict, copied: Graft, res: VerifyResult, drafted: int) -> None:
+    """Add one round's copied branch to the request's counts: `drafted` of the accepted tokens were the draft's."""
+    copies["rounds"] += 1
+    copies["tokens"] += copied.added
+    copies["accepted"] += res.num_accepted - drafted
+    copies["alone"] += copied.base == 1
+
+
 def fixed_budget(spec: SpecConfig, tree: bool) -> Budget:
     return Budget(spec.num_steps, spec.topk, spec.num_draft_tokens) if tree and spec.topk > 1 else Budget(spec.num_steps)
 
@@ -588,7 +596,7 @@ def speculative_generate(
         use_tree = False
     # context lookup (`decode.lookup`): greedy rounds only; a copied branch off a chain needs a tree pass
     index = NgramIndex(prompt_ids) if spec.lookup and params.greedy else None
-    copies = {"rounds": 0, "tokens": 0, "accepted": 0}
+    copies = {"rounds": 0, "tokens": 0, "accepted": 0, "alone": 0}  # "alone": rounds of copied tokens and no draft
     if isinstance(draft, Eagle3Draft):
         budget = spec.num_draft_tokens if use_tree else spec.num_steps
         proposer = EagleProposer(draft, capacity=len(prompt_ids) + max_new_tokens + spec.num_steps * spec.topk + budget + 8)
@@ -638,16 +646,31 @@ def speculative_generate(
         while not done:
             td = time.perf_counter()
             budget = auto.next() if auto else fixed
-            if budget.num_steps == 0:  # auto found no speculation that pays: a plain step
-                logits = padded_pass(model, root.reshape(1, 1), cache, rows)[0, -1]
-                root = next_token(logits, params, generator)
+            if budget.num_steps == 0:  # auto found no speculation that pays: a plain step, or copied tokens alone
+                copied = None
+                if index is not None:
+                    proposal = index.propose(min(spec.lookup, max_new_tokens - len(out) - 1))
+                    copied = _copy_branch(root_only(root), proposal, auto, budget, trees=False) if proposal else None
+                cached = cache.get_seq_length()  # (not `past`: that is where the draft reads from next)
+                run = copied.tree.tokens if copied else root.reshape(1)  # shape: [T], a chain
+                logits = padded_pass(model, run[None], cache, rows)[0]  # shape: [T, V]
                 synchronize(dev)
-                auto.observe_pass(1, 1000 * (time.perf_counter() - td))
+                auto.observe_pass(run.shape[0], 1000 * (time.perf_counter() - td))
+                if copied:
+                    res = verify_greedy(copied.tree, greedy_token(logits))
+                    keep_accepted(cache, cached, [0] + res.accepted)
+                    new, kept = res.tokens, 1 + res.num_accepted
+                    _count_copies(copies, copied, res, 0)
+                    auto.observe_lookup(copied, res.accepted)
+                else:
+                    new, kept = [int(next_token(logits[-1], params, generator))], 1
                 # the draft reads these positions when auto speculates again
-                states, tokens = torch.cat([states, fused(1)]), torch.cat([tokens, root.reshape(1)])
+                states = torch.cat([states, fused(kept)])
+                tokens = torch.cat([tokens, torch.tensor(new, device=dev)])
+                root = tokens[-1]
                 plain_steps += 1
                 plain_s += time.perf_counter() - td
-                done = emit([int(root)])
+                done = emit(new)
                 continue
             steps = min(budget.num_steps, max_new_tokens - len(out) - 1)
             round_spec = SpecConfig(num_steps=budget.num_steps, topk=max(1, budget.topk),
@@ -691,9 +714,7 @@ def speculative_generate(
             drafted = sum(1 for node in res.accepted if node < base.size)  # the draft's tokens among those accepted
             stats.add(base, drafted, len(res.tokens))
             if copied:
-                copies["rounds"] += 1
-                copies["tokens"] += copied.added
-                copies["accepted"] += res.num_accepted - drafted
+                _count_copies(copies, copied, res, drafted)
                 if auto:
                     auto.observe_lookup(copied, res.accepted)
                 else:

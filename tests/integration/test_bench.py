@@ -249,6 +249,27 @@ def test_run_bench_all_methods_with_random_tiny_draft(tiny_llama_target, prompt_
     _check_report_files(tmp_path / "run", rep)
 
 
+def test_copied_tokens_are_counted_and_reported(tiny_llama_target, prompt_file, tmp_path):
+    """The tiny target's greedy answers loop, so the lookup copies and the report says what it gave: its counts are
+    the sums of the requests' own, the accept length includes them, the per-position rates do not."""
+    draft_dir = random_tiny_draft(tiny_llama_target, tmp_path / "draft")
+    cfg = BenchConfig(target=str(tiny_llama_target.info.path), draft=str(draft_dir), prompts=str(prompt_file),
+                      max_new_tokens=24, methods=("plain", "eagle3-tree"), spec=SpecConfig(budget="fixed"),
+                      warmup_tokens=0, out_dir=str(tmp_path / "run"), progress=False)
+    rep = run_bench(cfg, target=tiny_llama_target)
+    tree = rep.result("eagle3-tree")
+    assert tree.lossless
+    lines = [json.loads(line) for line in (tmp_path / "run" / "runs.jsonl").read_text().splitlines()[1:]]
+    copies = [r["extra"]["lookup"] for line in lines for r in line["runs"] if r["method"] == "eagle3-tree"]
+    assert len(copies) == len(rep.prompt_ids)
+    assert tree.lookup == {k: sum(c[k] for c in copies) for k in ("rounds", "tokens", "accepted")}
+    assert tree.lookup["accepted"] > 0 and rep.result("plain").lookup is None
+    line = f"{tree.lookup['rounds']} rounds verified {tree.lookup['tokens']} copied tokens; {tree.lookup['accepted']} accepted"
+    assert line in render_summary(rep) and line in render_markdown(rep)
+    assert "context lookup (up to 8 copied tokens a round)" in render_summary(rep)
+    assert rep.spec["lookup"] == 8
+
+
 def test_cli_bench_json(tiny_llama_target, prompt_file, tmp_path):
     from specwire.cli import main
 

@@ -57,7 +57,9 @@ from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_ge
 from helpers import make_tiny_target_dir
 
 K = 4  # TTT steps = chain depth
-TREE = SpecConfig(budget="fixed", num_steps=K, topk=4, num_draft_tokens=16)  # the engine's default tree shape at depth K
+# the engine's default tree shape at depth K; no copied tokens: these tests follow the draft's own acceptance round by
+# round, which copied tokens would move (the rounds' starts, not the draft's rates)
+TREE = SpecConfig(budget="fixed", num_steps=K, topk=4, num_draft_tokens=16, lookup=0)
 NEW_TOKENS = 40
 WORDS = ["apple", "river", "stone", "cloud", "seven", "green", "quiet", "north"]
 
@@ -162,7 +164,7 @@ def run_live(target, draft, samples):
         ids = s["input_ids"].tolist()
         P = int((s["loss_mask"] == 0).sum())
         r = speculative_generate(target, draft, ids[:P], max_new_tokens=NEW_TOKENS, tree=False,
-                                 spec=SpecConfig(budget="fixed", num_steps=K, tree=False))
+                                 spec=SpecConfig(budget="fixed", num_steps=K, tree=False, lookup=0))
         same.append(r.output_ids == ids[P:])
         accept = [a + b for a, b in zip(accept, r.extra["accept_counts"])]
         reach = [a + b for a, b in zip(reach, r.extra["reach_counts"])]

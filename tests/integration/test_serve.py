@@ -105,7 +105,7 @@ def test_metrics_aggregate_requests_and_render_prometheus():
     m = ServerMetrics()
     m.record("completions", prompt_tokens=5, completion_tokens=8, seconds=2.0,
              extra={"accept_length": 2.0, "num_verify_passes": 4, "accept_counts": [3, 1], "reach_counts": [4, 3],
-                    "draft_s": 0.5, "verify_s": 1.0})
+                    "draft_s": 0.5, "verify_s": 1.0, "lookup": {"rounds": 2, "tokens": 9, "accepted": 3}})
     m.record("chat_completions", prompt_tokens=3, completion_tokens=4, seconds=1.0,
              extra={"accept_length": 1.0, "num_verify_passes": 4, "accept_counts": [0, 0, 0], "reach_counts": [4, 0, 0],
                     "draft_s": 0.25, "verify_s": 0.5})
@@ -123,6 +123,7 @@ def test_metrics_aggregate_requests_and_render_prometheus():
     assert float(samples["specwire_last_request_tokens_per_second"]) == pytest.approx(4.0)
     assert float(samples["specwire_draft_seconds_total"]) == pytest.approx(0.75)
     assert samples['specwire_request_errors_total{type="invalid_request_error"}'] == "1"
+    assert samples["specwire_copied_tokens_total"] == "9" and samples["specwire_copied_tokens_accepted_total"] == "3"
     assert all(line.startswith(("# HELP specwire_", "# TYPE specwire_", "specwire_")) for line in text.splitlines())
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from specwire.bench.config import DRAFT_METHODS, BenchConfig, BenchReport
-from specwire.bench.report import render_budgets, render_positions, render_table, speedup_sentence
+from specwire.bench.report import render_budgets, render_lookup, render_positions, render_table, speedup_sentence
 from specwire.bench.run import default_run_dir, run_bench
 from specwire.decode.engine import SpecConfig, load_engine_draft
 from specwire.decode.generate import decode_reply
@@ -185,6 +185,9 @@ def run_demo(config: DemoConfig, *, say: Callable[..., None] = print) -> BenchRe
     budgets = render_budgets(report)
     if budgets:
         say("\nspeculation budget (auto), rounds per choice ('none': plain steps):\n" + budgets)
+    copies = render_lookup(report)
+    if copies:
+        say(f"\ncontext lookup (up to {bench.spec.lookup} copied tokens a round):\n" + copies)
     say("\n" + speedup_sentence(report))
     say(machine_sentence(report, target))
     if draft is not None:

@@ -43,6 +43,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     extra = f", accept length {res.extra['accept_length']:.2f}" if res.extra.get("accept_length") else ""
     used = (res.extra.get("budget_used") or {}).get("budgets_used")
     budget = (f", budget {res.extra['budget']}: " + ", ".join(f"{k} x{v}" for k, v in used.items())) if used else ""
+    copies = res.extra.get("lookup") or {}
+    copied = f", {copies['accepted']} copied tokens accepted" if copies.get("rounds") else ""
     print(f"[{len(res.output_ids)} tokens, {res.tokens_per_s:.1f} tok/s, stop: {res.stop_reason}{extra}, "
-          f"{res.extra.get('dtype')}{budget}]", file=sys.stderr)
+          f"{res.extra.get('dtype')}{budget}{copied}]", file=sys.stderr)
     return 0

@@ -103,7 +103,7 @@ def graft(tree: DraftTree, proposal: list[int]) -> Graft:
         raise ValueError("graft: a sampled tree's nodes carry draft laws; copied tokens have none")
     tokens = tree.tokens.tolist()
     node, path = 0, []
-    for i, tok in enumerate(proposal):
+    for tok in proposal:
         child = next((c for c in tree.children[node] if tokens[c] == tok), None)
         if child is None:
             break

@@ -25,6 +25,8 @@ class ServerMetrics:
         self.produced = 0  # tokens produced by those passes (accept length numerator)
         self.accept_counts: list[int] = []  # per draft position, summed over requests
         self.reach_counts: list[int] = []
+        self.copied = 0  # tokens copied from the context and verified (`decode.lookup`), summed over requests
+        self.copied_accepted = 0  # of those, accepted beyond the draft's own
         self.draft_s = 0.0
         self.verify_s = 0.0
         self.generation_s = 0.0
@@ -47,6 +49,9 @@ class ServerMetrics:
                 acc.extend([0] * (len(new) - len(acc)))
                 for k, v in enumerate(new):
                     acc[k] += v
+            copies = extra.get("lookup") or {}
+            self.copied += copies.get("tokens", 0)
+            self.copied_accepted += copies.get("accepted", 0)
             self.draft_s += extra.get("draft_s", 0.0)
             self.verify_s += extra.get("verify_s", 0.0)
 
@@ -65,6 +70,7 @@ class ServerMetrics:
                 "generated_tokens": self.generated_tokens, "verify_passes": self.verify_passes,
                 "accept_length": self.produced / self.verify_passes if self.verify_passes else None,
                 "accept_per_position": [a / r if r else 0.0 for a, r in zip(self.accept_counts, self.reach_counts)],
+                "copied_tokens": self.copied, "copied_accepted": self.copied_accepted,
                 "draft_s": self.draft_s, "verify_s": self.verify_s, "generation_s": self.generation_s,
                 "last_tokens_per_s": self.last_tokens_per_s,
             }
@@ -116,6 +122,10 @@ def render_prometheus(snap: dict, *, model_name: str, mode: str, queue: dict | N
     if snap["accept_per_position"]:
         metric("accept_rate", "gauge", "Acceptance rate per draft position, among passes reaching it.",
                [({"position": str(k)}, float(v)) for k, v in enumerate(snap["accept_per_position"])])
+    metric("copied_tokens_total", "counter", "Tokens copied from the context and verified beside the draft's.",
+           [({}, snap["copied_tokens"])])
+    metric("copied_tokens_accepted_total", "counter", "Copied tokens the target accepted beyond the draft's own.",
+           [({}, snap["copied_accepted"])])
     if snap["last_tokens_per_s"] is not None:
         metric("last_request_tokens_per_second", "gauge", "Generated tokens per second of the last request.",
                [({}, float(snap["last_tokens_per_s"]))])

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from specwire.decode import engine
+from specwire.decode import proposer as proposer_module
 from specwire.decode.draft_step import ServedStep, draft_kernel
 from specwire.decode.engine import draft_step_ms, load_engine_draft
 from specwire.decode.kernels import describe_features, load_decoding_target
@@ -51,7 +52,7 @@ def in_loop_ms(draft, target, *, context: int, reps: int = 15) -> dict[int, floa
     from transformers import DynamicCache
 
     c, w0 = draft.config, draft.fc.weight
-    proposer, ids = engine.primed_proposer(draft, context, room=max(CHAIN_STEPS))
+    proposer, ids = proposer_module.primed_proposer(draft, context, room=max(CHAIN_STEPS))
     cache = DynamicCache(config=target.model.config)
     ctx = torch.zeros(1, context, dtype=torch.long, device=target.device)
     target.model(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import make_draft_dir, prompt_of
-from specwire.decode import engine, kernels
+from specwire.decode import engine, kernels, proposer
 from specwire.decode.budget import PROBE_AFTER, Budget
 from specwire.decode.engine import AutoBudget, SpecConfig, load_engine_draft, speculative_generate
 from specwire.decode.plain import plain_generate
@@ -59,13 +59,13 @@ def test_auto_probes_after_plain_steps_and_the_draft_reads_the_skipped_positions
     write_acceptance(folder, CLAIMED)
     draft = load_engine_draft(folder, target)
     fed = []  # (states, tokens, start) of every proposal: a spy around the real proposer
-    real = engine.EagleProposer.propose
+    real = proposer.EagleProposer.propose
 
     def spy(self, states, tokens, start, **kw):
         fed.append((states.clone(), tokens.clone(), start))
         return real(self, states, tokens, start, **kw)
 
-    monkeypatch.setattr(engine.EagleProposer, "propose", spy)
+    monkeypatch.setattr(proposer.EagleProposer, "propose", spy)
     # a machine on which a multi-token pass costs 2x a plain step: the curve says so and every timed pass is
     # learnt at the curve's figure (a tiny target's own passes cost about the same at any size, and `auto` would
     # learn that), so the random draft's low acceptance sends auto to plain steps, whatever else runs here

@@ -17,7 +17,8 @@ import torch.nn as nn
 
 from helpers import random_tiny_draft
 from specwire.decode.draft_step import ServedStep
-from specwire.decode.engine import EagleProposer, SpecConfig, causal_prefix_mask, load_engine_draft
+from specwire.decode.engine import SpecConfig, load_engine_draft
+from specwire.decode.proposer import EagleProposer, causal_prefix_mask
 from specwire.decode.sampling import SamplingParams
 from specwire.draft.model import Eagle3Draft, RMSNorm
 from specwire.target.fastlinear import RowDotLinear, concat_linears, rowdot_linears

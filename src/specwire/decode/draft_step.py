@@ -5,7 +5,7 @@ kept as `draft.served`), which runs one draft layer pass over T rows against a p
 `draft_kernel`, which kernel the served draft's products run beside a given target.
 Does not own the maths (`draft.model`: `Eagle3Draft.step` is the definition, and training and `specwire
 eval` run it; `tests/unit/test_draft_step.py` checks this pass against it, bitwise), the cache
-(`decode.engine.DraftKVCache`), the rope table (`decode.engine.EagleProposer._rope`) nor the kernels
+(`decode.proposer.DraftKVCache`), the rope table (`decode.proposer.EagleProposer._rope`) nor the kernels
 themselves (`target.fastlinear`).
 
 Why: the draft runs once per drafted depth, so its step is paid k times per round, and the speed issue

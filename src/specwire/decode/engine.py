@@ -1,11 +1,11 @@
 """The speculative decoding engine: EAGLE-3 drafts proposing, the target verifying, losslessly.
 
-Owns: `SpecConfig` (depth, branching, tree budget), loading a draft *against* a target
-(`load_engine_draft`: the wiring contract is checked here, at serving time), the draft's own KV cache
-(`DraftKVCache`), draft proposal as a chain or an EAGLE-2 dynamic tree (`EagleProposer`), the
-generate loop with the target's KV cache kept to exactly the accepted path, and per-request metrics.
-Does not own the acceptance maths (`verify`), tree structure (`tree`), the distributions
-(`sampling`) or the plain oracle (`plain`); does not tokenize.
+Owns: `SpecConfig` (depth, branching, tree budget, context lookup), loading a draft *against* a target
+(`load_engine_draft`: the wiring contract is checked here, at serving time), the per-request state of `auto`
+(`AutoBudget`), the generate loop with the target's KV cache kept to exactly the accepted path, and
+per-request metrics. Does not own the draft's proposals and its KV cache (`proposer`), the acceptance maths
+(`verify`), tree structure (`tree`), copied tokens (`lookup`), the distributions (`sampling`) or the plain
+oracle (`plain`); does not tokenize.
 
 One round, for the last accepted target position b (EAGLE-3, Li et al. 2025):
   1. draft: for each accepted-but-unfed position t, the draft gets the target's fused states g_t
@@ -14,6 +14,7 @@ One round, for the last accepted target position b (EAGLE-3, Li et al. 2025):
      expands a chain (one token per step) or an EAGLE-2 tree (top-k per step, the top-k nodes by
      cumulative log-probability expanded further, `num_draft_tokens` kept). Every draft node is fed
      at position b (see below); the draft's tree entries are dropped from its cache after proposing.
+     In greedy decoding, tokens copied from the context (`decode.lookup`) may join the tree as one more branch.
   2. verify: one target pass over [root, draft nodes] at positions b+1+depth, with a tree attention
      mask (a 4D mask passed to the HF model; a chain needs only the causal mask).
   3. keep: the target's KV cache keeps the root and the accepted nodes, compacted into place by one
@@ -27,9 +28,10 @@ the self-distilled setup of the online-vs-offline tests, b+d lowers live accepta
 position past 0 and the accept length of chains and trees alike.
 
 Metrics in `GenerationResult.extra`:
-  accept_length        mean tokens produced per verification pass (accepted draft tokens + 1 bonus),
-                       counted before truncation at EOS / max-new-tokens; the prefill is not a pass.
-  accept_per_position  entry k: among verification passes in which draft position k was *reached*
+  accept_length        mean tokens produced per verification pass (accepted draft and copied tokens + 1
+                       bonus), counted before truncation at EOS / max-new-tokens; the prefill is not a pass.
+  accept_per_position  the draft's own (copied tokens are not counted): entry k: among verification passes in
+                       which draft position k was *reached*
                        (positions 0..k-1 all accepted and the tree had a node at depth k+1), the
                        fraction in which a draft token at depth k+1 was accepted. Position 0 is reached
                        in every pass. 0.0 where never reached. `accept_counts`/`reach_counts` hold the
@@ -43,6 +45,9 @@ Metrics in `GenerationResult.extra`:
                        `auto` chose instead of speculating), and under auto the costs it used (target_ms by
                        pass size, draft_ms by width, the learnt overhead_ms, scale and pass_ratio by size,
                        probes, explored); plain_steps.
+  lookup               copied tokens (`decode.lookup`): rounds that verified some, tokens verified, accepted
+                       beyond the draft's, "alone" (rounds of copied tokens only, in `auto`'s plain steps),
+                       max (the cap; 0 when off), rates (the copies' live acceptance per position).
 
 Under `SpecConfig.budget == "auto"` (`AutoBudget`; the maths and the replan, probe and explore rules in
 `decode.budget`) each round's depth, branching and token count come from the target's cost curve
@@ -59,10 +64,9 @@ from __future__ import annotations
 import time
 import weakref
 from dataclasses import asdict, dataclass
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from specwire.target.capture import capture_hooks
 from specwire.target.fastlinear import amx_linears, linear_kind, rowdot_linears
@@ -70,17 +74,17 @@ from specwire.target.hardware import synchronize
 from specwire.target.kvcache import decoding_cache
 from specwire.target.passes import padded_pass, pass_rows
 from specwire.draft.checkpoint import load_draft
-from specwire.draft.model import AttendFn, Eagle3Draft
+from specwire.draft.model import Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
 from specwire.decode.budget import (DEFAULT_ACCEPTANCE, DEFAULT_ACCEPTANCE_TOPK, AcceptanceModel, Budget, CostModel,
                                     Planner, evaluate)
 from specwire.decode.draft_step import ServedStep, draft_kernel
 from specwire.decode.lookup import Graft, LookupModel, NgramIndex, graft, tail_length
 from specwire.decode.plain import GenerationResult, check_request
-from specwire.decode.sampling import (SamplingParams, greedy_token, logits_to_probs, make_generator, next_token,
-                                      sample_from)
+from specwire.decode.proposer import DraftProposer, EagleProposer, primed_proposer
+from specwire.decode.sampling import SamplingParams, greedy_token, logits_to_probs, make_generator, next_token
 from specwire.target.load import Target, tokenizer_fingerprint
-from specwire.decode.tree import DraftTree, chain_tree, pass_mask, root_only, select_tree
+from specwire.decode.tree import DraftTree, pass_mask, root_only
 from specwire.decode.verify import VerifyResult, verify_chain_sampled, verify_greedy, verify_tree_sampled
 from specwire.wiring import validate_hs_ids
 
@@ -178,178 +182,6 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
     return draft
 
 
-# ---- the draft's KV cache ----------------------------------------------------------------------------
-
-class DraftKVCache:
-    """Preallocated K/V for the one draft layer of one request, written by position (no rollback copies)."""
-
-    def __init__(self, *, num_kv_heads: int, head_dim: int, capacity: int, device, dtype):
-        self.k = torch.zeros(1, num_kv_heads, capacity, head_dim, device=device, dtype=dtype)  # shape: [1, nkv, cap, d]
-        self.v = torch.zeros_like(self.k)
-        self.length = 0
-
-    def reserve(self, n: int) -> None:
-        """Make room for n positions (doubling the capacity when it grows)."""
-        cap = self.k.shape[2]
-        if n > cap:
-            new = max(n, 2 * cap)
-            pad = lambda t: torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], new - cap, t.shape[3])], dim=2)
-            self.k, self.v = pad(self.k), pad(self.v)
-
-    def attend(self, mask: torch.Tensor | None) -> AttendFn:
-        """An attend(q, k, v) that appends k/v and attends over the whole cache.
-
-        mask: [1, 1, T, length + T] bool (True = may attend) or None (every query sees every entry).
-        """
-        def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            T = k.shape[2]
-            start, end = self.length, self.length + T
-            self.reserve(end)
-            self.k[:, :, start:end] = k
-            self.v[:, :, start:end] = v
-            self.length = end
-            return F.scaled_dot_product_attention(q, self.k[:, :, :end], self.v[:, :, :end], attn_mask=mask,
-                                                  enable_gqa=k.shape[1] != q.shape[1])
-        return fn
-
-    def crop(self, length: int) -> None:
-        self.length = length
-
-
-def causal_prefix_mask(T: int, past: int, device) -> torch.Tensor | None:
-    """T new queries after `past` cached entries, causal among themselves. [1, 1, T, past+T] or None if T == 1."""
-    if T == 1:
-        return None
-    m = torch.ones(T, past + T, dtype=torch.bool, device=device)
-    m[:, past:] = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-    return m[None, None]
-
-
-# ---- proposers ------------------------------------------------------------------------------------------
-
-@runtime_checkable
-class DraftProposer(Protocol):
-    """What the engine asks of a drafter (the EAGLE-3 draft, or a test oracle)."""
-
-    hs_ids: tuple[int, ...]  # target hidden states (hs indices) to capture for it
-
-    def propose(self, states: torch.Tensor, tokens: torch.Tensor, start: int, *, steps: int, spec: SpecConfig,
-                tree: bool, params: SamplingParams, generator: torch.Generator | None) -> DraftTree:
-        """Take in the newly accepted positions and propose a tree rooted at tokens[-1].
-
-        states: [T, n*H] fused target states at positions start..start+T-1; tokens: [T] the token after
-        each of those positions (tokens[-1] is the root: the target's last produced token).
-        steps: depth to propose (0 = a root-only tree). Chain trees carry q (sampling) when not greedy.
-        """
-        ...
-
-
-class EagleProposer:
-    """Chain or EAGLE-2 tree proposals from an `Eagle3Draft`, with its own KV cache."""
-
-    def __init__(self, draft: Eagle3Draft, *, capacity: int):
-        c = draft.config
-        self.draft = draft
-        self.hs_ids = tuple(c.wiring.hs_ids)
-        w = draft.fc.weight
-        self.cache = DraftKVCache(num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, capacity=capacity,
-                                  device=w.device, dtype=w.dtype)
-        self.draft_to_target = draft.to_target_ids(torch.arange(c.draft_vocab_size, device=w.device))  # shape: [Vd]
-        self.vocab_size = c.vocab_size
-        self._cos = self._sin = self.cache.k.new_zeros(1, 0, c.head_dim)  # rope table by position, [1, n, d] each
-
-    def _rope(self, first: int, count: int, *, repeat: bool = False):
-        """(cos, sin), each [1, count, d], for positions first..first+count-1, or for `first` repeated count
-        times (draft nodes all sit at one position), sliced from a table: the same numbers as `Eagle3Draft.rope`
-        (elementwise in the position) without its half-dozen ops per step."""
-        end = first + 1 if repeat else first + count
-        if end > self._cos.shape[1]:
-            n = max(end, 2 * self._cos.shape[1], self.cache.k.shape[2])
-            self._cos, self._sin = self.draft.rope(torch.arange(n, device=self.cache.k.device)[None], self.cache.k)
-        cos, sin = self._cos[:, first:end], self._sin[:, first:end]
-        return (cos.expand(1, count, -1), sin.expand(1, count, -1)) if repeat else (cos, sin)
-
-    def _step(self, hidden, ids, rope, mask, *, last_only: bool):
-        """One draft layer pass appending to the cache. hidden [1,T,H], ids [1,T], rope (`_rope`) ->
-        logits [T', Vd], hidden [T', H] with T' = 1 if last_only else T."""
-        if self.draft.served is not None:
-            return self.draft.served(hidden, ids, rope, self.cache, mask, last_only=last_only)
-        h = self.draft.step(hidden, self.cache.attend(mask), input_ids=ids, rope=rope)  # shape: [1, T, H]
-        if last_only:
-            h = h[:, -1:]
-        return self.draft.logits(h)[0], h[0]
-
-    def propose(self, states, tokens, start, *, steps, spec, tree, params, generator) -> DraftTree:
-        T = tokens.shape[0]
-        if self.cache.length != start:
-            raise RuntimeError(f"draft cache holds {self.cache.length} positions, the engine feeds from {start}")
-        dev = tokens.device
-        hidden = self.draft.fuse(states[None])  # shape: [1, T, H]
-        logits, h = self._step(hidden, tokens[None], self._rope(start, T), causal_prefix_mask(T, start, dev),
-                               last_only=True)
-        root = tokens[-1]
-        if steps == 0:
-            return root_only(root)
-        real = self.cache.length
-        last_pos = start + T - 1  # position b of the last real input; every draft node sits at b too
-        try:
-            if tree and spec.topk > 1:
-                return self._tree(logits, h, root, last_pos, steps=steps, topk=spec.topk, budget=spec.num_draft_tokens)
-            return self._chain(logits, h, root, last_pos, steps=steps, params=params, generator=generator)
-        finally:
-            self.cache.crop(real)
-
-    def _chain(self, logits, h, root, last_pos, *, steps, params, generator) -> DraftTree:
-        toks, qs = [], []
-        for i in range(steps):
-            if i:  # TTT: every draft node at the constant position last_pos
-                logits, h = self._step(h[None], toks[-1].reshape(1, 1), self._rope(last_pos, 1), None, last_only=True)
-            if params.greedy:
-                d = greedy_token(logits)  # shape: [1]
-            else:
-                qd = logits_to_probs(logits, params)  # shape: [1, Vd]
-                d = sample_from(qd, generator)
-                qs.append(qd)
-            toks.append(self.draft_to_target[d])
-        q = None
-        if qs:
-            qd = torch.cat(qs)  # shape: [k, Vd]
-            q = qd.new_zeros(qd.shape[0], self.vocab_size)
-            q[:, self.draft_to_target] = qd  # shape: [k, V]; draft probs over target ids
-        return chain_tree(root, torch.cat(toks), q)
-
-    def _tree(self, logits, h, root, last_pos, *, steps, topk, budget) -> DraftTree:
-        """EAGLE-2: expand the top-k frontier by cumulative log-prob for `steps` depths, keep `budget`."""
-        dev = h.device
-        real = self.cache.length
-        top = torch.log_softmax(logits[0].float(), -1).topk(topk)  # shape: [k]
-        scores = top.values  # cumulative log-probs of the frontier
-        f_tokens = self.draft_to_target[top.indices]  # shape: [k] target ids
-        f_hidden = h.expand(topk, -1)  # shape: [k, H], the state that predicted each frontier node
-        f_ids = torch.arange(topk, device=dev)  # candidate index of each frontier node
-        anc = torch.eye(topk, dtype=torch.bool, device=dev)  # shape: [k, S] ancestry over tree slots
-        cand_tokens, cand_scores, cand_parents = [f_tokens], [scores], [torch.full((topk,), -1, device=dev)]
-        n_cand = topk
-        for step in range(1, steps):
-            mask = torch.cat([torch.ones(topk, real, dtype=torch.bool, device=dev), anc], dim=1)[None, None]
-            rope = self._rope(last_pos, topk, repeat=True)  # TTT: constant position
-            lg, hid = self._step(f_hidden[None], f_tokens[None], rope, mask, last_only=False)  # [k, Vd], [k, H]
-            top = torch.log_softmax(lg.float(), -1).topk(topk, dim=-1)  # shape: [k, k]
-            cu = (scores[:, None] + top.values).reshape(-1)  # shape: [k*k]
-            toks = self.draft_to_target[top.indices.reshape(-1)]
-            cand_tokens.append(toks)
-            cand_scores.append(cu)
-            cand_parents.append(f_ids.repeat_interleave(topk))
-            sel = cu.topk(topk).indices  # next frontier, shape: [k]
-            par = sel // topk
-            scores, f_tokens, f_hidden = cu[sel], toks[sel], hid[par]
-            f_ids = n_cand + sel
-            anc = torch.cat([anc[par], torch.eye(topk, dtype=torch.bool, device=dev)], dim=1)
-            n_cand += topk * topk
-        parents = torch.cat(cand_parents).tolist()
-        return select_tree(root, torch.cat(cand_tokens), parents, torch.cat(cand_scores), budget)
-
-
 # ---- the target side -----------------------------------------------------------------------------------
 
 def tree_unsupported(target: Target, cache) -> str | None:
@@ -395,18 +227,6 @@ _learnt_costs: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictio
 # target model -> draft -> {tree mode: live acceptance counts (`AcceptanceModel.live`)}, carried the same way
 _learnt_acceptance: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
 CARRY_ROUNDS = 256  # the most rounds per draft position whose acceptance a new request starts from
-
-
-def primed_proposer(draft: Eagle3Draft, context: int, *, room: int) -> tuple["EagleProposer", torch.Tensor]:
-    """A proposer whose cache holds `context` positions of zero states and tokens, with room for `room` more, and
-    those tokens ([1, context]): the fixed start from which draft steps are timed."""
-    c, w0 = draft.config, draft.fc.weight
-    proposer = EagleProposer(draft, capacity=context + room + 8)
-    states = torch.zeros(1, context, c.num_fused * c.target_hidden_size, device=w0.device, dtype=w0.dtype)
-    ids = torch.zeros(1, context, dtype=torch.long, device=w0.device)
-    proposer._step(draft.fuse(states), ids, proposer._rope(0, context), causal_prefix_mask(context, 0, w0.device),
-                   last_only=True)
-    return proposer, ids
 
 
 @torch.inference_mode()

@@ -11,9 +11,9 @@ no better than any other, while a lookup finds it for free: where the last `n` t
 prompt or the answer, the tokens that followed them there are a good guess (prompt lookup decoding, Saxena 2023;
 the n-gram proposers of vLLM and SGLang). The target's verify pass decides every token, so a copied branch
 changes no output: the accepted path is the longest one that matches the target's greedy choice, whichever
-branch it runs along. It costs only the extra rows of the pass, which on a CPU with AMX, or in bf16 with
-AVX512-BF16, are nearly free; in float32 they are not, so under `--budget auto` the branch is cut to the length
-whose expected accepted tokens pay for its rows (`tail_length`).
+branch it runs along. It costs only the extra rows of the pass, which cost little where a pass's cost grows slowly with
+its rows (bf16 on AMX or AVX512-BF16) and more in float32, so under `--budget auto` the branch is cut to the
+length whose expected accepted tokens pay for its rows (`tail_length`).
 
 Greedy decoding only: a sampled round's tree carries the draft's laws, which a copied token does not have.
 """

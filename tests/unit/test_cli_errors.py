@@ -163,6 +163,12 @@ def test_generate_negative_temperature(tiny_target):
     assert_clean_error(proc, "temperature")
 
 
+def test_generate_negative_lookup(tiny_target, capsys):
+    proc = run_main(capsys, "generate", "--target", str(tiny_target("llama")), "--prompt", "hi", "--lookup", "-1",
+                    "--device", "cpu")
+    assert_clean_error(proc, "SpecConfig.lookup", "expected an integer >= 0, found -1", "--lookup 8")
+
+
 def test_generate_past_the_context(tiny_target):
     # the tiny target has 256 positions
     proc = run_cli("generate", "--target", str(tiny_target("llama")), "--prompt", "hi", "--max-new-tokens", "1000",

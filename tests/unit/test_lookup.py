@@ -15,7 +15,8 @@ import random
 import pytest
 import torch
 
-from specwire.decode.lookup import (PRIOR_ROUNDS, LookupModel, NgramIndex, expected_copied, graft, tail_length)
+from specwire.decode.lookup import (PRIOR_ROUNDS, LookupModel, NgramIndex, expected_copied, follow, graft,
+                                    tail_length)
 from specwire.decode.tree import DraftTree, chain_tree
 
 
@@ -95,6 +96,10 @@ def test_graft_follows_the_tree_then_appends_a_chain(proposal, shared):
     assert all(node >= tree.size for node in g.path[shared:])
     if not g.added:
         assert g.tree is tree
+    assert follow(tree, proposal) == g.path[:shared]  # what the graft found already in the tree
+    given = graft(tree, proposal, follow(tree, proposal))  # the engine follows once, then cuts and grafts
+    assert given.path == g.path and given.tree.parents == g.tree.parents
+    assert torch.equal(given.tree.tokens, g.tree.tokens)
 
 
 def test_graft_onto_a_chain_stays_a_chain_only_when_it_extends_it():

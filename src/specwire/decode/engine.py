@@ -79,7 +79,7 @@ from specwire.errors import SpecwireError, WiringMismatch
 from specwire.decode.budget import (DEFAULT_ACCEPTANCE, DEFAULT_ACCEPTANCE_TOPK, AcceptanceModel, Budget, CostModel,
                                     Planner, evaluate)
 from specwire.decode.draft_step import ServedStep, draft_kernel
-from specwire.decode.lookup import Graft, LookupModel, NgramIndex, graft, tail_length
+from specwire.decode.lookup import Graft, LookupModel, NgramIndex, follow, graft, tail_length
 from specwire.decode.plain import GenerationResult, check_request
 from specwire.decode.proposer import DraftProposer, EagleProposer, primed_proposer
 from specwire.decode.sampling import SamplingParams, greedy_token, logits_to_probs, make_generator, next_token
@@ -339,14 +339,13 @@ def _copy_branch(tree: DraftTree, proposal: list[int], auto: AutoBudget | None, 
                  trees: bool) -> Graft | None:
     """The draft's `tree` with the copied `proposal` grafted on (`decode.lookup.graft`), cut under `auto` to the
     length that pays; None where nothing is added (the proposal is in the tree already, does not pay, or would
-    branch off a chain on a target that takes no tree pass)."""
-    whole = graft(tree, proposal)
-    tail = whole.added if auto is None or not whole.added else auto.lookup_tail(budget, tree.size, whole.shared,
-                                                                                whole.added)
-    if not tail:
+    branch off a chain on a target that takes no tree pass). The tree is built once, after the cut."""
+    shared = follow(tree, proposal)
+    if not trees and not (tree.is_chain and len(shared) == tree.size - 1):  # the copy would branch off the chain
         return None
-    cut = whole if tail == whole.added else graft(tree, proposal[:whole.shared + tail])
-    return cut if trees or cut.tree.is_chain else None
+    available = len(proposal) - len(shared)
+    tail = available if auto is None or not available else auto.lookup_tail(budget, tree.size, len(shared), available)
+    return graft(tree, proposal[:len(shared) + tail], shared) if tail else None
 
 
 def _count_copies(copies: dict, copied: Graft, res: VerifyResult, drafted: int) -> None:
@@ -466,11 +465,10 @@ def speculative_generate(
         while not done:
             td = time.perf_counter()
             budget = auto.next() if auto else fixed
+            # tokens copied from the context for this round (`decode.lookup`), if any
+            proposal = index.propose(min(spec.lookup, max_new_tokens - len(out) - 1)) if index is not None else []
             if budget.num_steps == 0:  # auto found no speculation that pays: a plain step, or copied tokens alone
-                copied = None
-                if index is not None:
-                    proposal = index.propose(min(spec.lookup, max_new_tokens - len(out) - 1))
-                    copied = _copy_branch(root_only(root), proposal, auto, budget, trees=False) if proposal else None
+                copied = _copy_branch(root_only(root), proposal, auto, budget, trees=False) if proposal else None
                 cached = cache.get_seq_length()  # (not `past`: that is where the draft reads from next)
                 run = copied.tree.tokens if copied else root.reshape(1)  # shape: [T], a chain
                 logits = padded_pass(model, run[None], cache, rows)[0]  # shape: [T, V]
@@ -499,12 +497,9 @@ def speculative_generate(
             backlog = tokens.shape[0]  # positions the draft reads first: 1 + accepted, more after a prompt or plain steps
             dtree = proposer.propose(states, tokens, past, steps=steps, spec=round_spec, tree=not budget.is_chain,
                                      params=params, generator=generator)
-            base, copied = dtree, None
-            if index is not None:
-                proposal = index.propose(min(spec.lookup, max_new_tokens - len(out) - 1))
-                if proposal:
-                    copied = _copy_branch(dtree, proposal, auto, budget, trees=not no_tree)
-                    dtree = copied.tree if copied else dtree
+            base = dtree
+            copied = _copy_branch(dtree, proposal, auto, budget, trees=not no_tree) if proposal else None
+            dtree = copied.tree if copied else dtree
             tv = time.perf_counter()
             draft_s += tv - td
             past = cache.get_seq_length()

@@ -1,7 +1,7 @@
 """Context lookup: draft tokens copied from the request's own text, grafted onto the EAGLE-3 tree.
 
-Scope: `NgramIndex` (the continuation of the text's last n-gram where it occurred before), `graft` (a proposed
-token sequence merged into a `DraftTree` as one more branch), `LookupModel` (how often a copied token is
+Scope: `NgramIndex` (the continuation of the text's last n-gram where it occurred before), `follow` and `graft`
+(a proposed token sequence merged into a `DraftTree` as one more branch), `LookupModel` (how often a copied token is
 accepted, per position along the copy, learnt live) and `tail_length` (how many copied tokens a round should
 verify, by expected tokens per ms). Pure: no models, no clocks. The engine decides when to call them.
 
@@ -94,13 +94,8 @@ class Graft:
         return len(self.path) - self.shared
 
 
-def graft(tree: DraftTree, proposal: list[int]) -> Graft:
-    """`tree` with `proposal` (target ids, the tokens after the root) as a branch from the root: the proposal
-    follows the tree's nodes while they match it, then continues as a chain of new nodes appended after the
-    tree's (so parents still precede children, and the tree's own node indices do not change). The tree must be
-    greedy (q None): a copied token has no draft law."""
-    if tree.q is not None:
-        raise ValueError("graft: a sampled tree's nodes carry draft laws; copied tokens have none")
+def follow(tree: DraftTree, proposal: list[int]) -> list[int]:
+    """The tree's nodes that spell the longest prefix of `proposal` from the root (the part already in the tree)."""
     tokens = tree.tokens.tolist()
     node, path = 0, []
     for tok in proposal:
@@ -109,17 +104,28 @@ def graft(tree: DraftTree, proposal: list[int]) -> Graft:
             break
         node = child
         path.append(node)
-    shared = len(path)
-    rest = [int(t) for t in proposal[shared:]]
+    return path
+
+
+def graft(tree: DraftTree, proposal: list[int], shared: list[int] | None = None) -> Graft:
+    """`tree` with `proposal` (target ids, the tokens after the root) as a branch from the root: the proposal
+    follows the tree's nodes while they match it (`shared`, if the caller has `follow`ed them already), then
+    continues as a chain of new nodes appended after the tree's (so parents still precede children, and the
+    tree's own node indices do not change). The tree must be greedy (q None): a copied token has no draft law."""
+    if tree.q is not None:
+        raise ValueError("graft: a sampled tree's nodes carry draft laws; copied tokens have none")
+    path = list(follow(tree, proposal) if shared is None else shared)
+    rest = [int(t) for t in proposal[len(path):]]
     if not rest:
-        return Graft(tree, path, shared, tree.size)
+        return Graft(tree, path, len(path), tree.size)
+    shared_count, node = len(path), path[-1] if path else 0
     parents = list(tree.parents)
     for tok in rest:
         parents.append(node)
         node = len(parents) - 1
         path.append(node)
     new = torch.tensor(rest, dtype=tree.tokens.dtype, device=tree.device)
-    return Graft(DraftTree(tokens=torch.cat([tree.tokens, new]), parents=parents), path, shared, tree.size)
+    return Graft(DraftTree(tokens=torch.cat([tree.tokens, new]), parents=parents), path, shared_count, tree.size)
 
 
 @dataclass

@@ -11,9 +11,12 @@ bench` and `generate` do, without profiling.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from specwire.decode import kernels
+from specwire.decode.budget import AcceptanceModel
 from specwire.target.hardware import CacheKey, CostCurve, write_cache
 
 TOKENS = list(range(1, 18))
@@ -85,3 +88,102 @@ def test_a_bf16_kernel_off_amx_is_ranked_with_the_rowdot_draft_it_serves():
         best = choose_budget(acc, CostModel(dict(zip(c.tokens, c.ms)), {w: step for w in (1, 2, 3, 4)}),
                              max_steps=acc.depth, max_topk=4, max_tokens=16, tree=True)
         assert ranked[name].expected_tokens_per_s == pytest.approx(best.tokens_per_s)
+
+
+WIDE = list(range(1, 33))  # a 17-token tree with an 8-token copy is a 25-token pass: measured, not extrapolated
+
+
+def _shaped(name: str, one_ms: float, slope: float) -> CostCurve:
+    """A curve costing one_ms for one token and `slope` of that more for each further token."""
+    return CostCurve(kernel=name, tokens=WIDE, ms=[one_ms * (1 + slope * (t - 1)) for t in WIDE], min_rows=1,
+                     invariant=True)
+
+
+# a fixed acceptance profile (the shipped draft version 10's offline one), so that a new shipped draft moves no test
+ACCEPTANCE = dict(top1=[0.5975, 0.5537, 0.5166, 0.4553, 0.4036], topk=[0.7885, 0.7485, 0.718, 0.6674, 0.6148], k=4)
+
+# float32/torch: the cheaper one-token pass, steep; float32/pretransposed: dearer for one token, flat
+STEEP_AND_FLAT = {"float32/torch": (20.0, 0.12), "float32/pretransposed": (24.0, 0.01)}
+
+
+def test_plain_decoding_takes_the_cheapest_one_token_pass_and_speculation_the_flatter_curve():
+    curves = {n: _shaped(n, *shape) for n, shape in STEEP_AND_FLAT.items()}
+    acc = AcceptanceModel(**ACCEPTANCE)
+    plain = kernels.rank_kernels(curves, acc, kernels.Workload.of(draft=False))
+    assert [r.kernel.name for r in plain] == ["float32/torch", "float32/pretransposed"]
+    assert plain[0].expected_tokens_per_s == pytest.approx(1000 / 20.0) and plain[0].budget == "none"
+    spec = kernels.rank_kernels(curves, acc, kernels.Workload.of(draft=True))
+    assert spec[0].kernel.name == "float32/pretransposed"
+
+
+def _brute_force_with_copies(curve: CostCurve, step_ms: float, acc, lookup: int) -> float:
+    """Every budget within the ranking's caps, every copy length 0..lookup, priced from first principles: a copy in
+    COPY_SHARE of the rounds adds the rows it verifies and, per position along it, the chance that it and every
+    copied token before it are accepted."""
+    from specwire.decode.budget import candidates, expected_tokens
+    from specwire.decode.lookup import PRIOR_RATES
+
+    ms = dict(zip(curve.tokens, curve.ms))
+    share = kernels.COPY_SHARE
+    best = 0.0
+    for b in candidates(acc.depth, 4, 16, tree=True, depth=acc.depth):
+        E = expected_tokens(acc.rates(b) if b.num_steps else [])
+        C = ms[b.pass_tokens] + b.num_steps * step_ms  # every draft step costs the same here, whatever its width
+        rates = [PRIOR_RATES[min(j, len(PRIOR_RATES) - 1)] for j in range(lookup)]
+        # auto cuts each copy at the length of best tokens per ms for that round
+        tails = [(E + sum(math.prod(rates[:j + 1]) for j in range(t))) / (C + ms[b.pass_tokens + t] - ms[b.pass_tokens])
+                 for t in range(lookup + 1)]
+        t = max(range(lookup + 1), key=lambda i: (tails[i], -i))
+        copied = sum(math.prod(rates[:j + 1]) for j in range(t))
+        best = max(best, 1000 * (E + share * copied) / (C + share * (ms[b.pass_tokens + t] - ms[b.pass_tokens])))
+    return best
+
+
+@pytest.mark.parametrize("lookup", [0, 3, 8])
+@pytest.mark.parametrize("shape", [(20.0, 0.12), (24.0, 0.01), (30.0, 0.05)])
+def test_the_ranking_with_copies_is_a_brute_force_search(shape, lookup):
+    name = "float32/torch"
+    curve = _shaped(name, *shape)
+    acc = AcceptanceModel(**ACCEPTANCE)
+    ranked = kernels.rank_kernels({name: curve}, acc, kernels.Workload.of(draft=True, lookup=lookup))
+    step = kernels.DRAFT_STEP_FRACTION * curve.at(1)
+    assert ranked[0].expected_tokens_per_s == pytest.approx(_brute_force_with_copies(curve, step, acc, lookup))
+    assert ("copies" in ranked[0].budget) == (lookup > 0)
+
+
+def test_copies_favour_a_curve_that_stays_flat_past_the_drafts_budget():
+    """Two curves the draft alone ranks one way (its deepest useful trees fit where both climb): a curve that
+    flattens past 12 rows verifies the lookup's copies for little, and the ranking with copies turns the order
+    (by 2.4% each way)."""
+    steep = _shaped("float32/torch", 20.0, 0.12)
+    knee = [23.0 * (1 + 0.06 * (min(t, 12) - 1) + 0.01 * max(0, t - 12)) for t in WIDE]
+    curves = {"float32/torch": steep,
+              "float32/pretransposed": CostCurve("float32/pretransposed", WIDE, knee, min_rows=1, invariant=True)}
+    acc = AcceptanceModel(**ACCEPTANCE)
+    without = kernels.rank_kernels(curves, acc, kernels.Workload.of(draft=True, lookup=0))
+    with_copies = kernels.rank_kernels(curves, acc, kernels.Workload.of(draft=True, lookup=8))
+    assert without[0].kernel.name == "float32/torch"
+    assert with_copies[0].kernel.name == "float32/pretransposed"
+
+
+def test_the_workload_of_a_command():
+    assert kernels.Workload.of(draft=False, lookup=8) == kernels.Workload(speculative=False, lookup=0)
+    assert kernels.Workload.of(draft=True, lookup=8, greedy=False) == kernels.Workload(speculative=True, lookup=0)
+    assert kernels.Workload.of(draft=True, lookup=8) == kernels.Workload(speculative=True, lookup=8)
+
+
+def test_generate_picks_the_kernel_for_what_it_runs(tiny_target, tmp_path, monkeypatch):
+    """`generate` without a draft decodes plainly, so `--dtype auto` gives it the cheapest one-token pass; with a
+    draft, the kernel speculation expects most of. Real curves in a real cache; the target really loads."""
+    from specwire.decode.generate import GenerateConfig, generate_reply
+
+    monkeypatch.setenv("SPECWIRE_HOME", str(tmp_path))
+    folder = str(tiny_target("llama"))
+    here = {k.name for k in kernels.candidate_kernels("cpu")}
+    slow = {n: _shaped(n, 200.0, 0.1) for n in here if n not in STEEP_AND_FLAT}  # never in the running
+    write_cache(CacheKey.here(kernels._fingerprint(folder), "cpu"), tmp_path,
+                curves={**slow, **{n: _shaped(n, *shape) for n, shape in STEEP_AND_FLAT.items()}})
+    plain = generate_reply(GenerateConfig("hello", target=folder, max_new_tokens=2))
+    assert plain.result.extra["kernel"] == "float32/torch"
+    assert kernels.resolve_kernel(folder, "auto", "auto", device="cpu", workload=kernels.Workload.of(draft=True)).name \
+        == "float32/pretransposed"

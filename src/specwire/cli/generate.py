@@ -46,5 +46,5 @@ def cmd_generate(args: argparse.Namespace) -> int:
     copies = res.extra.get("lookup") or {}
     copied = f", {copies['accepted']} copied tokens accepted" if copies.get("rounds") else ""
     print(f"[{len(res.output_ids)} tokens, {res.tokens_per_s:.1f} tok/s, stop: {res.stop_reason}{extra}, "
-          f"{res.extra.get('dtype')}{budget}{copied}]", file=sys.stderr)
+          f"{res.extra.get('kernel')}{budget}{copied}]", file=sys.stderr)
     return 0

@@ -16,6 +16,7 @@ import pytest
 ALLOWED_SKIP_REASONS = (
     re.compile(r"\bCUDA\b|\bGPU\b", re.I),  # tests of the CUDA path on a machine without one
     re.compile(r"^this CPU has no AMX\b"),  # tests of the AMX kernel on a CPU without AMX-BF16 (`target.amx`)
+    re.compile(r"^this CPU has no AVX512-BF16\b"),  # the bf16 rowdot kernel on a CPU without it (`target.bf16dot`)
 )
 STRICT_ENV = "SPECWIRE_STRICT_SKIPS"
 

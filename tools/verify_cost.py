@@ -65,7 +65,7 @@ def main(argv=None) -> int:
                 curves[kernel.name] = c
                 write_cache(CacheKey.here(t.spec.fingerprint), specwire_home(), curves={kernel.name: c})
             print(name, [round(c.at(T), 1) for T in SHOWN], flush=True)
-            if kernel.linear == "rowdot" and rowdot.isa() != "avx2":  # before the reference below drops the codes
+            if kernel.name == "float32/rowdot" and rowdot.isa() != "avx2":  # before the reference below drops the codes
                 rows[f"{kernel.name} invariant, the AVX2 build"] = _avx2_build_curve(t, kernel, args)
             packed = [m for m in t.model.modules() if isinstance(m, RowDotLinear) and m.compact is not None]
             if packed:  # a reference, not a candidate: the same kernel reading every weight as float32

@@ -1,7 +1,7 @@
 """Bitwise batch invariance: every row of a chain or tree verify pass equals single-step decoding.
 
 On tiny models of every supported architecture, in fp32 and bf16, and (slow) on the built-in target,
-with nn.Linear, oneDNN's prepacked kernel (bf16), the compiled rowdot kernel (fp32) and (slow; `test_amx` for
+with nn.Linear, oneDNN's prepacked kernel (bf16), the compiled rowdot kernel (fp32, and bf16 through `bf16dot`) and (slow; `test_amx` for
 tiny models) the AMX kernel (bf16), with the compiled attention and its torch form,
 through `decode.invariance.pass_invariance`: random prompts, chain and random-tree passes of every size
 up to 17 (a root plus 16 draft tokens), each row compared bitwise with decoding its path one token at a
@@ -25,7 +25,7 @@ SIZES = (1, 2, 3, 5, 8, 16, 17)
 
 @pytest.mark.parametrize("dtype,linear,attention", [
     ("float32", "torch", "auto"), ("bfloat16", "torch", "auto"), ("float32", "rowdot", "auto"), ("bfloat16", "onednn", "auto"),
-    ("float32", "torch", "torch"), ("bfloat16", "torch", "torch")])
+    ("bfloat16", "rowdot", "auto"), ("float32", "torch", "torch"), ("bfloat16", "torch", "torch")])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tiny_passes_are_bitwise_single_steps(tiny_target, arch, dtype, linear, attention):
     """attention "auto": the compiled kernel (`rowattn.c`; this machine builds it, `test_rowattn` checks so);
@@ -55,7 +55,7 @@ def test_sliding_window_prefix_falls_back_without_error(tiny_target):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype,linear", [("float32", "torch"), ("bfloat16", "torch"), ("float32", "rowdot"),
-                                          ("bfloat16", "onednn"), ("bfloat16", "amx")])
+                                          ("bfloat16", "onednn"), ("bfloat16", "rowdot"), ("bfloat16", "amx")])
 def test_builtin_target_passes_are_bitwise_single_steps(dtype, linear):
     if linear == "amx" and amx.cpu_lacks():
         pytest.skip(f"this CPU has no AMX: {amx.cpu_lacks()}")

@@ -18,6 +18,7 @@ from helpers import OracleProposer, prompt_of, random_tiny_draft
 from specwire.draft.checkpoint import load_draft, save_draft
 from specwire.errors import SpecwireError
 from specwire.target import amx as amx_mod
+from specwire.target import bf16dot as bf16dot_mod
 from specwire.target import attention
 from specwire.target import rowdot as rowdot_mod
 from specwire.target.fastlinear import RowDotLinear, linear_kind
@@ -107,11 +108,12 @@ def test_a_rowdot_model_matches_nn_linear_and_needs_no_padding(tiny_target):
 
 def test_refused_with_the_reason_where_it_cannot_run(tiny_target, monkeypatch):
     path = tiny_target("llama")
-    with pytest.raises(SpecwireError, match="float32 CPU kernel; found dtype bfloat16"):
-        load_target(path, device="cpu", dtype="bfloat16", linear="rowdot")
+    with pytest.raises(SpecwireError, match="float32 and bf16 CPU kernel; found dtype float16"):
+        load_target(path, device="cpu", dtype="float16", linear="rowdot")
     monkeypatch.setattr(rowdot_mod, "compiler", lambda: None)
     rowdot_mod._library.cache_clear()
-    amx_mod._library.cache_clear()  # (it builds with the same compiler)
+    amx_mod._library.cache_clear()  # (they build with the same compiler)
+    bf16dot_mod._library.cache_clear()
     try:
         assert rowdot_mod.available() == (False, "no C compiler was found (set CC, or install gcc)")
         with pytest.raises(SpecwireError, match="cannot run here: no C compiler was found"):
@@ -128,6 +130,7 @@ def test_refused_with_the_reason_where_it_cannot_run(tiny_target, monkeypatch):
         monkeypatch.undo()
         rowdot_mod._library.cache_clear()
         amx_mod._library.cache_clear()  # a kernel found missing under the patch must be looked for again
+        bf16dot_mod._library.cache_clear()
     assert rowdot_mod.available()[0]
 
 

@@ -159,7 +159,8 @@ def add_model_options(p: argparse.ArgumentParser, *, target: bool = True, draft:
     if linear:
         p.add_argument("--linear", default="auto", choices=["auto", "torch", "pretransposed", "onednn", "rowdot", "amx"],
                        help="the target's linear layers on CPU: 'torch' keeps nn.Linear; 'pretransposed' stores W.T "
-                            "contiguously; 'onednn' hands oneDNN weights reordered once into its own layout (CPU); 'rowdot' (float32, x86-64 with AVX2, built with the C compiler on first "
+                            "contiguously; 'onednn' hands oneDNN weights reordered once into its own layout (CPU); 'rowdot' (float32 on "
+                            "x86-64 with AVX2, bf16 with AVX512-BF16; built with the C compiler on first "
                             "use) computes every row in one fixed order, so it needs no row padding; 'amx' (bf16, a CPU "
                             "with AMX, built the same way) does so on AMX tiles, so a verify pass costs little more "
                             "than a one-token step in its linear layers; 'auto' "

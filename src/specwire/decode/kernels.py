@@ -2,8 +2,8 @@
 
 Scope: the candidate kernels for this machine (`candidate_kernels`: fp32 always, with `torch`, `pretransposed`
 and, where `target.rowdot` runs, `rowdot` linear layers; bf16 only where the CPU has native bf16 arithmetic,
-AMX or AVX512-BF16, or on CUDA, with `torch`, `pretransposed`, `onednn` where torch has oneDNN, and `amx`
-where `target.amx` runs), profiling a candidate (its linear row
+AMX or AVX512-BF16, or on CUDA, with `torch`, `pretransposed`, `onednn` where torch has oneDNN, `rowdot` where
+`target.bf16dot` runs and `amx` where `target.amx` runs), profiling a candidate (its linear row
 padding, a bitwise check of chain and tree passes against single steps, and its pass-cost curve),
 `default_kernel` (the fastest candidate that passed the check, measured once per machine and cached by
 `target.hardware`), `resolve_kernel` for `--dtype auto` / `--linear auto`, and `cost_curve` for a loaded
@@ -58,6 +58,7 @@ def kernel_of(target: Target) -> KernelChoice:
 def candidate_kernels(device: str = "cpu", features: dict[str, bool] | None = None) -> list[KernelChoice]:
     """fp32 always (with the compiled rowdot kernel where it runs); bf16 where the hardware computes it natively."""
     from specwire.target.amx import available as amx_available
+    from specwire.target.bf16dot import available as bf16dot_available
     from specwire.target.fastlinear import onednn_available
     from specwire.target.rowdot import available
 
@@ -71,7 +72,8 @@ def candidate_kernels(device: str = "cpu", features: dict[str, bool] | None = No
         log.info("float32/rowdot is not a candidate here: %s", why)
     if native_bf16(features):
         out += [KernelChoice("bfloat16"), KernelChoice("bfloat16", "pretransposed")]
-        for linear, (ok, why) in (("onednn", onednn_available()), ("amx", amx_available())):
+        for linear, (ok, why) in (("onednn", onednn_available()), ("rowdot", bf16dot_available()),
+                                  ("amx", amx_available())):
             if ok:
                 out.append(KernelChoice("bfloat16", linear))
             else:

@@ -24,7 +24,11 @@ kernel of `target.rowdot`, in which every output is one fixed chain of operation
 count. Its products are row-invariant by construction, so they need no row padding, and a one-token
 step keeps the cost of a matrix-vector product. That step is bound by reading the weights, so a layer
 whose float32 weight is held exactly in fewer bytes (`target.compact`: bf16 numbers, or GGUF block codes
-as in the built-in target) has the kernel read that form: same products bitwise, fewer bytes.
+as in the built-in target) has the kernel read that form: same products bitwise, fewer bytes. In a bf16 model
+on a CPU with AVX512-BF16 (`--dtype bfloat16 --linear rowdot`) the same module computes through
+`target.bf16dot`: bf16 products by one fixed chain of VDPBF16PS, reading the GGUF codes of the float32 weight
+each bf16 weight was rounded from, where they rebuild it bitwise (`bf16_rowdot_linears` checks every
+element), else the bf16 weight.
 
 oneDNN (`--linear onednn`, bf16 on a CPU whose torch has oneDNN): nn.Linear's maths through oneDNN with
 the weight reordered once, at load, into the library's own blocked layout. `F.linear` hands oneDNN a plain
@@ -61,7 +65,7 @@ import torch.nn.functional as F
 from specwire.errors import SpecwireError
 from specwire.target.amx import BLOCK_K, BLOCK_N, library as amx_library, product as amx_product
 from specwire.target.attention import MAX_INVARIANT_QUERIES
-from specwire.target.compact import pack
+from specwire.target.compact import CompactWeight, pack
 from specwire.target.rowdot import rowdot
 
 
@@ -273,6 +277,8 @@ class RowDotLinear(nn.Module):
     generation, which plain and speculative decoding share; the BLAS is faster there)."""
 
     stock = False
+    bf16: torch.Tensor | CompactWeight | None = None  # what `target.bf16dot` reads in a bf16 model (`serve_bf16`)
+    pad_k = 0  # zeros appended to each input row for it (a bf16 weight whose K is not a multiple of 32)
 
     def __init__(self, linear: nn.Linear, *, forms: tuple[str, ...] = ()):
         super().__init__()
@@ -283,14 +289,39 @@ class RowDotLinear(nn.Module):
         self.forms = tuple(forms)
         self.compact = pack(linear.weight.detach(), self.forms) if self.forms else None
 
+    def serve_bf16(self, codes: CompactWeight | None) -> None:
+        """Compute through `target.bf16dot` (the weight is bf16 now): reading `codes`, the block codes of the
+        float32 weight this one was rounded from, where they rebuild it bitwise (every element checked; no float32
+        denormal, which the kernel's rounding would flush), else the bf16 weight, zero-padded to a multiple of 32 k
+        (zeros add exact zeros)."""
+        from specwire.target.bf16dot import BLOCK_K as K32
+
+        w = self.weight.detach()
+        if w.dtype != torch.bfloat16 or w.device.type != "cpu":
+            raise SpecwireError(f"RowDotLinear.serve_bf16: expected a bf16 weight on CPU, found {w.dtype} on {w.device}.")
+        if codes is not None and codes.form in ("q4_1", "q8_0"):
+            w32 = codes.float()
+            tiny = (w32 != 0) & (w32.abs() < torch.finfo(torch.float32).tiny)
+            if not tiny.any() and torch.equal(w32.to(torch.bfloat16), w):
+                self.bf16, self.pad_k = codes, 0
+                return
+        self.pad_k = -self.in_features % K32
+        self.bf16 = F.pad(w, (0, self.pad_k)).contiguous() if self.pad_k else w
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
         if (self.stock or x.numel() > MAX_INVARIANT_QUERIES * x.shape[-1]
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
+        if self.bf16 is not None:
+            from specwire.target.bf16dot import bf16dot
+
+            return bf16dot(F.pad(x, (0, self.pad_k)) if self.pad_k else x, self.bf16, self.bias)
         return rowdot(x, self.weight if self.compact is None else self.compact, self.bias)
 
     def extra_repr(self) -> str:
-        form = self.compact.form if self.compact is not None else "float32"
+        source = self.bf16 if self.bf16 is not None else self.compact
+        form = source.form if isinstance(source, CompactWeight) else "bf16" if self.bf16 is not None else \
+            "float32" if self.compact is None else self.compact.form
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, " \
                f"weights={form}"
 
@@ -376,6 +407,27 @@ def rowdot_linears(model: nn.Module, *, forms: tuple[str, ...] = ()) -> int:
     return _swap_linears(model, lambda linear: RowDotLinear(linear, forms=forms))
 
 
+def bf16_rowdot_linears(model: nn.Module, float32_model: nn.Module | None) -> int:
+    """Make a bf16 `model` compute its linear layers through `target.bf16dot`: each nn.Linear becomes a
+    `RowDotLinear` (sharing its Parameters) served in bf16, reading the GGUF block codes of `float32_model`'s layer
+    of the same name where they rebuild the bf16 weight bitwise (`RowDotLinear.serve_bf16`), else the bf16 weight.
+    Returns how many layers read codes. The caller checks `target.bf16dot.available()` first."""
+    from specwire.target.compact import FORMS
+
+    codes: dict[str, CompactWeight | None] = {}
+    if float32_model is not None:
+        for name, m in float32_model.named_modules():
+            if isinstance(m, nn.Linear) and name:
+                codes[name] = pack(m.weight.detach(), tuple(f for f in FORMS if f != "bf16"))
+    _swap_linears(model, RowDotLinear)
+    n = 0
+    for name, m in model.named_modules():
+        if isinstance(m, RowDotLinear):
+            m.serve_bf16(codes.get(name))
+            n += isinstance(m.bf16, CompactWeight)
+    return n
+
+
 def amx_linears(model: nn.Module) -> int:
     """Replace every nn.Linear under `model` by an `AmxLinear` (sharing its Parameters, so tied weights stay
     tied); returns how many. The caller checks `target.amx.available()` first."""
@@ -389,10 +441,14 @@ def onednn_linears(model: nn.Module) -> int:
 
 
 def weight_bytes(model: nn.Module) -> tuple[int, int]:
-    """(bytes the rowdot kernel reads per pass over the model's RowDotLinear weights, bytes in float32)."""
+    """(bytes the rowdot kernel reads per pass over the model's RowDotLinear weights, bytes in the model's dtype)."""
     layers = [m for m in model.modules() if isinstance(m, RowDotLinear)]
-    read = sum(m.compact.nbytes if m.compact is not None else m.weight.numel() * 4 for m in layers)
-    return read, sum(m.weight.numel() * 4 for m in layers)
+
+    def read(m: RowDotLinear) -> int:
+        source = m.bf16 if m.bf16 is not None else m.compact if m.compact is not None else m.weight
+        return source.nbytes if isinstance(source, CompactWeight) else source.numel() * source.element_size()
+
+    return sum(map(read, layers)), sum(m.weight.numel() * m.weight.element_size() for m in layers)
 
 
 def linear_kind(model: nn.Module) -> str:

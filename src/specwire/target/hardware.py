@@ -101,11 +101,11 @@ class CostCurve:
 
 
 def kernels_digest() -> str:
-    """The build of every compiled kernel this process may run (rowdot and the attention, the AMX product):
-    what a cost curve or a bench record was measured with."""
-    from specwire.target import amx, rowdot
+    """The build of every compiled kernel this process may run (rowdot and the attention, the AMX product, the
+    AVX512-BF16 product): what a cost curve or a bench record was measured with."""
+    from specwire.target import amx, bf16dot, rowdot
 
-    return f"{rowdot.source_digest()}+{amx.source_digest()}"
+    return f"{rowdot.source_digest()}+{amx.source_digest()}+{bf16dot.source_digest()}"
 
 
 @dataclass

@@ -31,8 +31,6 @@ def _products(model: nn.Module) -> list[tuple[str, int, object]]:
 
     from specwire.target.fastlinear import (RowDotLinear, RowPaddedConv1D, RowPaddedRouter, _is_router, _pads_experts,
                                             product_key)
-    from specwire.target.rowdot import rowdot
-
     seen, out = set(), []
 
     def add(key: str, w: torch.Tensor, fn, width: int, b: torch.Tensor | None = None) -> None:
@@ -47,8 +45,8 @@ def _products(model: nn.Module) -> list[tuple[str, int, object]]:
             continue
         if isinstance(m, PretransposedLinear):
             add(key, m.weight_t, lambda x, w, b: x @ w if b is None else x @ w + b, m.weight_t.shape[0], m.bias)
-        elif isinstance(m, RowDotLinear):
-            add(key, m.weight, rowdot, m.weight.shape[1], m.bias)
+        elif isinstance(m, RowDotLinear):  # the module itself: float32 rowdot, or bf16dot in a bf16 model
+            add(key, m.weight, lambda x, w, b, m=m: m(x), m.weight.shape[1], m.bias)
         elif isinstance(m, (Conv1D, RowPaddedConv1D)):
             add(key, m.weight, lambda x, w, b: torch.addmm(b, x, w), m.weight.shape[0], m.bias)
         elif isinstance(m, RowPaddedRouter) or _is_router(m):

@@ -325,8 +325,9 @@ def load_target(
     multi-token passes; see that module); linear="onednn" for `fastlinear.OneDNNLinear` (oneDNN with weights
     packed once); linear="amx" for `fastlinear.AmxLinear` (bf16 on a CPU with AMX: row-invariant by
     construction, refused with the reason where it cannot run); linear="rowdot" for `fastlinear.RowDotLinear` (float32 on an x86-64
-    CPU with AVX2: row-invariant by construction, refused with the reason where it cannot run). Neither changes
-    a weight, so the fingerprint is the same.
+    CPU with AVX2, or bf16 on one with AVX512-BF16 through `target.bf16dot`, reading the GGUF codes of the float32
+    checkpoint, loaded a second time for them: row-invariant by construction, refused with the reason where it
+    cannot run). Neither changes a weight, so the fingerprint is the same.
     attention="invariant" (the default) makes a T-token pass give each row bitwise the logits of a one-token
     step (`target.attention`), and pads the linear layers' products to `min_rows` rows (None: the padding
     measured for this machine, dtype and kernel by `invariance.rows_needed`, cached under
@@ -348,10 +349,18 @@ def load_target(
     if linear == "rowdot":
         from specwire.target.rowdot import require
 
-        if device.type != "cpu" or dtype != torch.float32:
-            raise SpecwireError(f"--linear rowdot is a float32 CPU kernel; found dtype {str(dtype).replace('torch.', '')} "
-                                f"on {device.type}. Use --linear torch (or auto) there.")
-        require()
+        if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+            raise SpecwireError(f"--linear rowdot is a float32 and bf16 CPU kernel; found dtype "
+                                f"{str(dtype).replace('torch.', '')} on {device.type}. Use --linear torch (or auto) there.")
+        if dtype == torch.bfloat16:
+            from specwire.target.bf16dot import available as bf16dot_available
+
+            ok, why = bf16dot_available()
+            if not ok:
+                raise SpecwireError(f"--dtype bfloat16 --linear rowdot: the compiled AVX512-BF16 kernel cannot run "
+                                    f"here: {why}. Use --linear torch (or auto).")
+        else:
+            require()
     if linear == "amx":
         from specwire.target.amx import require as require_amx
 
@@ -389,13 +398,24 @@ def load_target(
         from specwire.target.fastlinear import amx_linears
 
         amx_linears(model)
-    if linear == "rowdot":
+    if linear == "rowdot" and dtype == torch.bfloat16:
+        from specwire.target.fastlinear import bf16_rowdot_linears
+
+        with warnings.catch_warnings():  # the float32 weights, for their GGUF codes (a bf16 weight is rounded from them)
+            warnings.simplefilter("ignore")
+            float32_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False)
+        bf16_rowdot_linears(model, float32_model)
+        del float32_model
+    elif linear == "rowdot":
         from specwire.target.compact import FORMS
-        from specwire.target.fastlinear import rowdot_linears, weight_bytes
+        from specwire.target.fastlinear import rowdot_linears
 
         rowdot_linears(model, forms=FORMS)  # weights held exactly in fewer bytes are read so (same products)
+    if linear == "rowdot":
+        from specwire.target.fastlinear import weight_bytes
+
         read, full = weight_bytes(model)
-        logging.getLogger("specwire").info("rowdot: the kernel reads %.0f MB of weights a pass (%.0f MB in float32)",
+        logging.getLogger("specwire").info("rowdot: the kernel reads %.0f MB of weights a pass (%.0f MB as loaded)",
                                            read / 1e6, full / 1e6)
     fingerprint = target_fingerprint(model, _num_layers(config))
     if attention == "invariant":

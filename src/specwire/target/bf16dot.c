@@ -1,0 +1,228 @@
+/* The row-invariant bf16 product behind `--dtype bfloat16 --linear rowdot` on a CPU with AVX512-BF16 (built and
+ * loaded by specwire/target/bf16dot.py).
+ *
+ * y[m, n] = bf16(sum_k x[m, k] * w[n, k] + bias[n]), x, bias and y bf16, w stored as nn.Linear stores it ([N, K])
+ * in one of three forms, each rebuilt into the model's bf16 weight, bitwise, as it is loaded:
+ * - bf16 (`specwire_bf16dot_bf16`): the weight itself;
+ * - q4_1 (`specwire_bf16dot_q4_1`): per block of 32 k, the float32 weight fl(fl(d * q) + m), rounded to bf16;
+ * - q8_0 (`specwire_bf16dot_q8_0`): per block of 32 k, fl(q * d), rounded to bf16.
+ * A bf16 model converted from a float32 one holds the float32 weight rounded to nearest even; where that float32
+ * weight was dequantized from GGUF block codes (the built-in target's), rebuilding it from the codes and rounding
+ * it the same way gives the model's bf16 weight exactly (specwire/target/compact.py packs the codes, and the
+ * module checks every element against the model's weight before it trusts them).
+ *
+ * The one rule: every output is the same chain of operations whatever the number of rows M, the row m, the tile
+ * or the thread. One 16-lane float32 accumulator takes k in steps of 32 by VDPBF16PS (lane l adds the products of
+ * k = 32i + 2l and 32i + 2l + 1, each exact in float32, in the instruction's fixed order, with denormals flushed),
+ * in order of i; the 16 lanes are folded in a fixed tree; the bias is added and the sum rounded to bf16 (nearest
+ * even). So a row of a T-token pass is bitwise the row of a one-token pass.
+ *
+ * Speed: a one-token pass is bound by decoding the weights (GGUF codes: about 6 bits a weight for q4_1, against 16
+ * for bf16), as the float32 rowdot kernel is; a pass over several rows decodes each weight once into a bf16 strip
+ * and then does 32 multiply-adds an instruction for each row, twice float32's 16, so its cost grows with the rows
+ * about half as fast as float32 rowdot's. Needs AVX-512 (F, BW) and AVX512-BF16; compiled with -O3 -mavx512f
+ * -mavx512bw -mavx512bf16 -fopenmp, without -ffast-math.
+ */
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+
+enum { BF16 = 1, Q4_1 = 2, Q8_0 = 3 };
+
+typedef struct {
+    const void *codes;  /* bf16 [N, K], q4_1 codes uint8 [N, K / 2] or q8_0 codes int8 [N, K] */
+    const float *d, *m; /* per block of 32 k: scale, and q4_1's offset */
+} wsrc;
+
+/* v as computed: an empty asm the compiler cannot see through, so a product is rounded before it is added */
+static inline __attribute__((always_inline)) __m512 rounded(__m512 v) {
+    __asm__("" : "+v"(v));
+    return v;
+}
+
+/* row j's block kb (k = 32 kb ... 32 kb + 31) as 32 bf16 numbers in order of k: the weight's own bf16 numbers, or
+ * the block form's float32 weight rebuilt as its GGUF dequantization does, rounded to nearest even */
+static inline __attribute__((always_inline)) __m512bh block32(const int WF, const wsrc *w, int64_t K, int64_t j,
+                                                              int64_t kb) {
+    if (WF == BF16) return (__m512bh)_mm512_loadu_si512((const uint16_t *)w->codes + j * K + 32 * kb);
+    const int64_t b = j * (K / 32) + kb;
+    const __m512 d = _mm512_set1_ps(w->d[b]);
+    __m512 lo, hi; /* the float32 weights of k 0..15 and 16..31 of the block */
+    if (WF == Q4_1) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)((const uint8_t *)w->codes + 16 * b));
+        const __m512 m = _mm512_set1_ps(w->m[b]);
+        const __m128i q0 = _mm_and_si128(v, _mm_set1_epi8(15)), q1 = _mm_and_si128(_mm_srli_epi16(v, 4),
+                                                                                   _mm_set1_epi8(15));
+        lo = _mm512_add_ps(rounded(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q0)))), m);
+        hi = _mm512_add_ps(rounded(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q1)))), m);
+    } else {
+        const int8_t *q = (const int8_t *)w->codes + 32 * b;
+        lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), d);
+        hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))), d);
+    }
+    return _mm512_cvtne2ps_pbh(hi, lo); /* elements 0..15 from lo, 16..31 from hi */
+}
+
+/* ask for row j's block kb + 4 now: a tile reads several short streams at once, more than the prefetcher follows */
+static inline __attribute__((always_inline)) void fetch_ahead(const int WF, const wsrc *w, int64_t K, int64_t j,
+                                                              int64_t kb) {
+    if (WF == BF16) {
+        _mm_prefetch((const char *)((const uint16_t *)w->codes + j * K + 32 * (kb + 4)), _MM_HINT_T0);
+        return;
+    }
+    const int64_t b = j * (K / 32) + kb + 4;
+    _mm_prefetch((const char *)w->codes + (WF == Q4_1 ? 16 : 32) * b, _MM_HINT_T0);
+    _mm_prefetch((const char *)(w->d + b), _MM_HINT_T0);
+    if (WF == Q4_1) _mm_prefetch((const char *)(w->m + b), _MM_HINT_T0);
+}
+
+/* the 16 lanes in one fixed tree: lane i + lane i+8, then i + i+4, i + i+2, i + i+1 */
+static inline float fold16(__m512 v) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    t = _mm_add_ss(t, _mm_shuffle_ps(t, t, 1));
+    return _mm_cvtss_f32(t);
+}
+
+static inline float widen(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
+
+/* float32 -> bf16, to nearest even (as torch rounds a float32 tensor to bf16; a NaN stays a NaN) */
+static inline uint16_t narrow(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* y[i, j] for i < R, j < C: x rows ldx apart (bf16), w from its row 0 (form WF), y rows ldy apart. R, C and WF are
+ * compile-time constants at every call, so the accumulators live in registers. */
+static inline __attribute__((always_inline)) void tile(const int WF, const int R, const int C, const uint16_t *x,
+                                                       int64_t ldx, const wsrc *w, int64_t K, const uint16_t *bias,
+                                                       uint16_t *y, int64_t ldy) {
+    __m512 a[4][8];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++) a[i][j] = _mm512_setzero_ps();
+    for (int64_t kb = 0; kb < K / 32; kb++)
+        for (int j = 0; j < C; j++) {
+            fetch_ahead(WF, w, K, j, kb);
+            const __m512bh wv = block32(WF, w, K, j, kb);
+            for (int i = 0; i < R; i++)
+                a[i][j] = _mm512_dpbf16_ps(a[i][j], (__m512bh)_mm512_loadu_si512(x + i * ldx + 32 * kb), wv);
+        }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++) {
+            const float r = fold16(a[i][j]);
+            y[i * ldy + j] = narrow(bias ? r + widen(bias[j]) : r);
+        }
+}
+
+/* the tile's weights: its first row n0 in each of w's arrays */
+static inline __attribute__((always_inline)) wsrc at_row(const int WF, const wsrc *w, int64_t K, int64_t n0) {
+    const int64_t row_bytes = WF == BF16 ? 2 * K : WF == Q4_1 ? K / 2 : K;
+    wsrc r = {(const char *)w->codes + n0 * row_bytes, w->d ? w->d + n0 * (K / 32) : 0,
+              w->m ? w->m + n0 * (K / 32) : 0};
+    return r;
+}
+
+#define TILE(WF, R, C, w, first)                                                                                \
+    do {                                                                                                        \
+        const wsrc wt = at_row(WF, w, K, n0 - (first));                                                         \
+        tile(WF, R, C, x + m0 * K, K, &wt, K, bias ? bias + n0 : 0, y + m0 * N + n0, N);                        \
+    } while (0)
+
+#define ROWS(WF, C, w, first)                                                                                   \
+    switch (mr) {                                                                                               \
+        case 4: TILE(WF, 4, C, w, first); break;                                                                \
+        case 3: TILE(WF, 3, C, w, first); break;                                                                \
+        case 2: TILE(WF, 2, C, w, first); break;                                                                \
+        default: TILE(WF, 1, C, w, first);                                                                      \
+    }
+
+#define STRIP 4 /* columns a tile of several rows */
+
+/* this thread's share (`part` of `parts`) of the column strips. One row: tiles of 8 columns. Several rows: strips
+ * of STRIP columns, each decoded once into bf16 (on the stack, STRIP * K * 2 bytes: in L1 for common K) unless
+ * the weight is bf16 already, then tiles of up to 4 rows over it. */
+static inline __attribute__((always_inline)) void bf16dot_part(const int WF, const uint16_t *x, int64_t M, int64_t K,
+                                                               const wsrc *w, int64_t N, const uint16_t *bias,
+                                                               uint16_t *y, int part, int parts) {
+    const int64_t width = M == 1 ? 8 : STRIP, blocks = (N + width - 1) / width, share = (blocks + parts - 1) / parts;
+    const int64_t first_block = part * share, last_block = first_block + share < blocks ? first_block + share : blocks;
+    const int64_t m0 = 0, mr = 1;
+    if (M == 1) {
+        for (int64_t b = first_block; b < last_block; b++) {
+            if (b * 8 + 8 <= N) {
+                const int64_t n0 = b * 8;
+                TILE(WF, 1, 8, w, 0);
+            } else
+                for (int64_t n0 = b * 8; n0 < N; n0++) TILE(WF, 1, 1, w, 0);
+        }
+        return;
+    }
+    (void)mr;
+    const int decode = WF != BF16;
+    for (int64_t b = first_block; b < last_block; b++) {
+        const int64_t nb = b * STRIP, nc = N - nb < STRIP ? N - nb : STRIP;
+        uint16_t strip[decode ? STRIP * K : 1]; /* the strip's rows decoded, row nb + j at strip + j K */
+        const wsrc decoded = {strip, 0, 0};
+        if (decode)
+            for (int64_t j = 0; j < nc; j++) {
+                const wsrc row = at_row(WF, w, K, nb + j);
+                for (int64_t kb = 0; kb < K / 32; kb++) {
+                    fetch_ahead(WF, &row, K, 0, kb);
+                    _mm512_storeu_si512(strip + j * K + 32 * kb, (__m512i)block32(WF, &row, K, 0, kb));
+                }
+            }
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            const int64_t mr = M - m0 < 4 ? M - m0 : 4;
+            if (nc == STRIP) {
+                const int64_t n0 = nb;
+                if (decode) {
+                    ROWS(BF16, STRIP, &decoded, nb)
+                } else {
+                    ROWS(BF16, STRIP, w, 0)
+                }
+            } else
+                for (int64_t n0 = nb; n0 < nb + nc; n0++) {
+                    if (decode) {
+                        ROWS(BF16, 1, &decoded, nb)
+                    } else {
+                        ROWS(BF16, 1, w, 0)
+                    }
+                }
+        }
+    }
+}
+
+#define PARALLEL(WF, src)                                                                                       \
+    _Pragma("omp parallel num_threads(threads)")                                                                \
+    bf16dot_part(WF, x, M, K, &src, N, bias, y, omp_get_thread_num(), omp_get_num_threads())
+
+/* x bf16 [M, K], w bf16 [N, K], bias bf16 [N] or NULL, y bf16 [M, N]; K % 32 == 0 */
+void specwire_bf16dot_bf16(const uint16_t *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
+                           const uint16_t *bias, uint16_t *y, int threads) {
+    const wsrc src = {w, 0, 0};
+    PARALLEL(BF16, src);
+}
+
+/* codes uint8 [N, K / 2], d and m float32 [N, K / 32] */
+void specwire_bf16dot_q4_1(const uint16_t *x, int64_t M, int64_t K, const uint8_t *codes, const float *d,
+                           const float *m, int64_t N, const uint16_t *bias, uint16_t *y, int threads) {
+    const wsrc src = {codes, d, m};
+    PARALLEL(Q4_1, src);
+}
+
+/* codes int8 [N, K], d float32 [N, K / 32] */
+void specwire_bf16dot_q8_0(const uint16_t *x, int64_t M, int64_t K, const int8_t *codes, const float *d, int64_t N,
+                           const uint16_t *bias, uint16_t *y, int threads) {
+    const wsrc src = {codes, d, 0};
+    PARALLEL(Q8_0, src);
+}
+
+int specwire_bf16dot_abi(void) { return 1; }

@@ -1,0 +1,122 @@
+"""The compiled AVX512-BF16 kernel behind `--dtype bfloat16 --linear rowdot`: build, load, and the row-invariant
+product.
+
+Scope: building `bf16dot.c` (beside this file) into a shared library on first use, cached under
+`$SPECWIRE_HOME/kernels` by a hash of the source, flags and compiler (`rowdot.build_library`); `available` (can
+this machine run it, and if not, why); `bf16dot` (x @ W.T + b in bf16, each row bitwise independent of the rows
+beside it, the weight read as bf16 or as the GGUF block codes it was rebuilt from); `source_digest` (part of the
+key of cached cost curves). Does not own the module that swaps a model's linear layers
+(`fastlinear.RowDotLinear`), the compact forms (`compact`) nor the choice of kernel (`decode.kernels`).
+
+Why: on a CPU with AVX512-BF16 but no AMX (AMD Zen 4, Intel Cooper Lake), bf16 arithmetic is twice float32's
+per instruction, so a verify pass over several rows costs little more than a one-token step; but oneDNN's bf16
+products read the full bf16 weights (270 MB a pass for the built-in target) and pick their kernel by the row
+count. This kernel computes every output with one fixed chain of VDPBF16PS over k (its header says why that
+makes each row independent of the others), and reads the built-in target's weights as their GGUF codes (112 MB),
+rebuilt into the model's bf16 weight bitwise: a one-token step as cheap as float32 rowdot's, and a curve about
+half as steep. Needs: x86-64 with AVX-512 (F, BW) and AVX512-BF16, a C compiler that takes -mavx512bf16 (gcc
+10+), OpenMP.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import platform
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from specwire.errors import SpecwireError
+from specwire.target.compact import CompactWeight
+
+SOURCE = Path(__file__).with_name("bf16dot.c")
+FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-fopenmp", "-fPIC", "-shared")
+FEATURES = ("avx512_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq")
+ABI = 1  # `specwire_bf16dot_abi()` of the source this module calls
+BLOCK_K = 32  # the weight's k must be a multiple of this (`fastlinear.RowDotLinear` pads a bf16 weight)
+
+
+def source_digest() -> str:
+    """A hash of the kernel's source and flags: what cached cost curves were measured with."""
+    return hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS]).encode()).hexdigest()[:16]
+
+
+def cpu_lacks() -> str | None:
+    from specwire.target.cpu import cpu_features
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"it is written for x86-64 and this is {platform.machine()}"
+    f = cpu_features()
+    missing = [name for name in FEATURES if not f.get(name)]
+    return f"this CPU lacks {' and '.join(missing)}" if missing else None
+
+
+@lru_cache(maxsize=None)
+def _library() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, "") or (None, why not), built once."""
+    from specwire.target.rowdot import build_library
+
+    why = cpu_lacks()
+    if why:
+        return None, why
+    lib, why = build_library((SOURCE,), FLAGS, source_digest(), "specwire-bf16dot", "the AVX512-BF16 kernel")
+    if lib is None:
+        return None, why
+    if lib.specwire_bf16dot_abi() != ABI:
+        return None, f"{lib._name} has another interface version than this specwire"
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.specwire_bf16dot_bf16.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, i32]
+    lib.specwire_bf16dot_q4_1.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i32]
+    lib.specwire_bf16dot_q8_0.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i32]
+    for fn in (lib.specwire_bf16dot_bf16, lib.specwire_bf16dot_q4_1, lib.specwire_bf16dot_q8_0):
+        fn.restype = None
+    return lib, ""
+
+
+def available() -> tuple[bool, str]:
+    """(True, "") if this machine runs the kernel, else (False, why not: CPU, compiler or build)."""
+    lib, why = _library()
+    return lib is not None, why
+
+
+def library() -> ctypes.CDLL:
+    """The loaded library; raises a SpecwireError that says why where it cannot run here."""
+    lib, why = _library()
+    if lib is None:
+        raise SpecwireError(f"the compiled AVX512-BF16 kernel cannot run here: {why}.")
+    return lib
+
+
+def bf16dot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N], all bf16 on CPU, each row bitwise independent of how
+    many rows the call holds. The weight is bf16, or a q4_1 / q8_0 `compact.CompactWeight` (bitwise the product
+    over its `.float()` rounded to bf16). K must be a multiple of 32. No autograd: for inference passes only."""
+    lib = library()
+    compact = isinstance(weight, CompactWeight)
+    if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or (bias is not None and bias.dtype != torch.bfloat16)
+            or not (weight.form in ("q4_1", "q8_0") if compact else weight.dtype == torch.bfloat16)):
+        found = f"a {weight.form} compact weight" if compact else f"a {weight.dtype} weight"
+        raise SpecwireError(f"bf16dot: expected bf16 inputs (and bias) on CPU with a bf16, q4_1 or q8_0 weight, found "
+                            f"{x.dtype} on {x.device} with {found}.")
+    N, K = weight.shape
+    if x.shape[-1] != K or K % BLOCK_K:
+        raise SpecwireError(f"bf16dot: expected inputs of width {K}, a multiple of {BLOCK_K}; found {x.shape[-1]}.")
+    flat = x if x.dim() == 2 else x.reshape(-1, K)  # shape: [M, K]
+    flat = flat if flat.is_contiguous() else flat.contiguous()
+    b = None if bias is None else (bias if bias.is_contiguous() else bias.contiguous()).data_ptr()
+    y = torch.empty(flat.shape[0], N, dtype=torch.bfloat16)  # shape: [M, N]
+    M, threads = flat.shape[0], torch.get_num_threads()
+    if not M:
+        pass
+    elif compact and weight.form == "q4_1":
+        lib.specwire_bf16dot_q4_1(flat.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(),
+                                  weight.m.data_ptr(), N, b, y.data_ptr(), threads)
+    elif compact:
+        lib.specwire_bf16dot_q8_0(flat.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(), N, b,
+                                  y.data_ptr(), threads)
+    else:
+        w = weight if weight.is_contiguous() else weight.contiguous()
+        lib.specwire_bf16dot_bf16(flat.data_ptr(), M, K, w.data_ptr(), N, b, y.data_ptr(), threads)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], N)

@@ -1,0 +1,162 @@
+"""The AVX512-BF16 kernel (`target.bf16dot`) behind `--dtype bfloat16 --linear rowdot`.
+
+Each row of a product is bitwise the row of a one-row product, for every row count up to 17, every form of the
+weight (bf16, and the GGUF codes q4_1 and q8_0 that the bf16 weight was rounded from), with and without bias and
+on 1 and 2 threads; reading the codes gives bitwise what reading the bf16 weight gives; and the products are the
+bf16 products to within the output's rounding. A GGUF-like tiny target loads with it, reads its codes, keeps its
+passes bitwise single steps and decodes speculatively token for token as it decodes plainly; a layer whose codes
+do not rebuild its bf16 weight reads the weight instead. This machine has AVX512-BF16 (`lscpu`), so nothing here
+skips on it; a CPU without gets the refusal, tested below.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import gguf_dequantized, make_gguf_like_target_dir, prompt_of
+from specwire.errors import SpecwireError
+from specwire.target import bf16dot
+from specwire.target.compact import CompactWeight, pack
+
+pytestmark = pytest.mark.skipif(bf16dot.cpu_lacks() is not None, reason=f"this CPU has no AVX512-BF16: {bf16dot.cpu_lacks()}")
+
+
+def _source(form: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor | CompactWeight]:
+    """(the bf16 weight, what the kernel reads): the weight itself, or the codes of the float32 weight it rounds."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    if form == "bf16":
+        return w.bfloat16(), w.bfloat16()
+    w32 = gguf_dequantized(w, form)
+    codes = pack(w32, (form,))
+    assert codes is not None and codes.form == form
+    return w32.bfloat16(), codes
+
+
+@pytest.mark.parametrize("form", ["bf16", "q4_1", "q8_0"])
+@pytest.mark.parametrize("n,k", [(67, 96), (8, 32), (130, 576)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_rows_are_bitwise_independent_of_the_rows_beside_them(form, n, k, bias):
+    w16, src = _source(form, n, k)
+    b = torch.randn(n).bfloat16() if bias else None
+    x = torch.randn(17, k).bfloat16()
+    single = [bf16dot.bf16dot(x[i:i + 1], src, b) for i in range(17)]
+    for m in range(1, 18):
+        y = bf16dot.bf16dot(x[:m], src, b)
+        assert all(torch.equal(y[i:i + 1], single[i]) for i in range(m)), f"{form} n={n} k={k}: rows differ at M={m}"
+    if form != "bf16":  # the codes give bitwise what the bf16 weight they rebuild gives
+        assert torch.equal(bf16dot.bf16dot(x, src, b), bf16dot.bf16dot(x, w16, b))
+    ref = x.double() @ w16.double().T + (b.double() if bias else 0)  # shape: [17, n]
+    y = bf16dot.bf16dot(x, src, b).double()
+    assert ((y - ref).abs() <= 2 ** -7 * ref.abs() + 1e-3).all()  # float32 sums, rounded once to bf16
+
+
+def test_threads_and_shapes_do_not_change_a_row():
+    _, src = _source("q4_1", 96, 64)
+    x = torch.randn(2, 3, 64).bfloat16()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = bf16dot.bf16dot(x, src)
+        torch.set_num_threads(2)
+        two = bf16dot.bf16dot(x, src)
+    finally:
+        torch.set_num_threads(before)
+    assert one.shape == (2, 3, 96) and torch.equal(one, two)
+    assert torch.equal(bf16dot.bf16dot(x.transpose(0, 1), src).transpose(0, 1), one)  # strided input
+
+
+def test_bad_inputs_are_refused_with_what_was_found():
+    w16, src = _source("q4_1", 8, 64)
+    with pytest.raises(SpecwireError, match="expected bf16 inputs"):
+        bf16dot.bf16dot(torch.randn(1, 64), src)
+    with pytest.raises(SpecwireError, match="width 64"):
+        bf16dot.bf16dot(torch.randn(1, 32).bfloat16(), src)
+    with pytest.raises(SpecwireError, match="multiple of 32"):
+        bf16dot.bf16dot(torch.randn(1, 40).bfloat16(), torch.randn(8, 40).bfloat16())
+
+
+@pytest.fixture(scope="module")
+def gguf_like(tmp_path_factory):
+    from specwire.target.load import load_target
+
+    folder = make_gguf_like_target_dir(tmp_path_factory.mktemp("gguf-like-bf16"))
+    return folder, load_target(folder, device="cpu", dtype="bfloat16", linear="rowdot")
+
+
+def test_a_bf16_target_reads_the_codes_its_weights_were_rounded_from(gguf_like):
+    from specwire.target.fastlinear import RowDotLinear, linear_min_rows, weight_bytes
+
+    _, target = gguf_like
+    layers = [m for m in target.model.modules() if isinstance(m, RowDotLinear)]
+    assert layers and all(isinstance(m.bf16, CompactWeight) for m in layers)
+    assert {m.bf16.form for m in layers} == {"q4_1", "q8_0"}
+    read, full = weight_bytes(target.model)
+    assert read < 0.5 * full  # about 6 and 9 bits a weight against bf16's 16
+    assert linear_min_rows(target.model) == 1  # no row padding
+
+
+def test_its_passes_are_bitwise_single_steps(gguf_like):
+    from specwire.decode.invariance import pass_invariance
+
+    _, target = gguf_like
+    rep = pass_invariance(target, [prompt_of(n, seed=n) for n in (5, 37, 70)], sizes=(1, 2, 3, 5, 8, 16, 17), seed=1)
+    assert rep.ok, f"{rep.equal}/{rep.rows} rows equal; {rep.failures[:5]}"
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_it_decodes_speculatively_as_it_decodes_plainly(gguf_like, tmp_path, tree):
+    """With a random draft (few tokens accepted) and with an oracle that proposes the plain answer (multi-token
+    verify passes accepted whole): the output is the plain greedy decoding's, token for token."""
+    from helpers import OracleProposer, random_tiny_draft
+    from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
+    from specwire.decode.plain import plain_generate
+    from specwire.target.load import load_target
+
+    folder, target = gguf_like
+    draft = load_engine_draft(random_tiny_draft(load_target(folder, device="cpu", dtype="float32"), tmp_path / "d"),
+                              target)
+    for n in (3, 40):
+        prompt = prompt_of(n, seed=n)
+        ref = plain_generate(target, prompt, max_new_tokens=24, stop_on_eos=False).output_ids
+        got = speculative_generate(target, draft, prompt, max_new_tokens=24, tree=tree, stop_on_eos=False,
+                                   spec=SpecConfig(budget="fixed"))
+        assert got.output_ids == ref
+        oracle = OracleProposer(prompt, ref, target.spec.vocab_size)
+        res = speculative_generate(target, oracle, prompt, max_new_tokens=24, tree=tree, stop_on_eos=False,
+                                   spec=SpecConfig(budget="fixed"))
+        assert res.output_ids == ref and res.extra["accept_length"] > 2
+
+
+def test_a_layer_whose_codes_do_not_rebuild_its_weight_reads_the_weight():
+    from specwire.target.fastlinear import RowDotLinear
+
+    w16, codes = _source("q4_1", 16, 64)
+    layer = torch.nn.Linear(64, 16, bias=False)
+    layer.weight.data = w16.clone()
+    other = RowDotLinear(layer)
+    other.serve_bf16(_source("q4_1", 16, 64, seed=1)[1])  # another weight's codes
+    assert other.bf16 is layer.weight.data or torch.equal(other.bf16, w16)
+    same = RowDotLinear(layer)
+    same.serve_bf16(codes)
+    assert same.bf16 is codes
+    odd = torch.nn.Linear(40, 8, bias=True).bfloat16()  # K % 32 != 0: the weight, zero-padded to 64 k
+    m = RowDotLinear(odd)
+    m.serve_bf16(None)
+    assert m.pad_k == 24 and m.bf16.shape == (8, 64)
+    x = torch.randn(3, 40).bfloat16()
+    with torch.inference_mode():
+        y = m(x)
+    ref = x.double() @ odd.weight.double().T + odd.bias.double()
+    assert ((y.double() - ref).abs() <= 2 ** -7 * ref.abs() + 1e-3).all()
+
+
+def test_refused_with_the_reason_where_it_cannot_run(tiny_target, monkeypatch):
+    from specwire.target.load import load_target
+
+    monkeypatch.setattr(bf16dot, "_library", lambda: (None, "this CPU lacks avx512_bf16"))
+    with pytest.raises(SpecwireError, match="AVX512-BF16 kernel cannot run here: this CPU lacks avx512_bf16"):
+        load_target(tiny_target("llama"), device="cpu", dtype="bfloat16", linear="rowdot")
+    with pytest.raises(SpecwireError, match="float32 and bf16 CPU kernel"):
+        load_target(tiny_target("llama"), device="cpu", dtype="float16", linear="rowdot")

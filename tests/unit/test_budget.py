@@ -138,10 +138,11 @@ def test_cache_round_trip_and_foreign_or_stale_cache_is_ignored(tmp_path, caplog
     data["key"] = key.to_dict() | {"kernels": "0" * 16}  # measured with an older compiled kernel: stale
     path.write_text(json.dumps(data))
     assert read_cache(key, tmp_path).curves == {}
-    from specwire.target import amx, rowdot
+    from specwire.target import amx, bf16dot, rowdot
 
-    # this machine's compiled kernels' digests (rowdot and attention, AMX) are part of every key
-    assert key.kernels == f"{rowdot.source_digest()}+{amx.source_digest()}" and len(key.kernels) == 33
+    # this machine's compiled kernels' digests (rowdot and attention, AMX, bf16 rowdot) are part of every key
+    assert key.kernels == f"{rowdot.source_digest()}+{amx.source_digest()}+{bf16dot.source_digest()}"
+    assert len(key.kernels) == 50
     other = CacheKey.here("abc123")
     other.threads += 1  # another thread count is another file: nothing cached there
     assert read_cache(other, tmp_path).curves == {}

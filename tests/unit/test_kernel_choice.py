@@ -81,7 +81,7 @@ def test_a_bf16_kernel_off_amx_is_ranked_with_the_rowdot_draft_it_serves():
     without_rowdot = {n: c for n, c in curves.items() if n != "float32/rowdot"}
     assert kernels.draft_step_basis("bfloat16/onednn", without_rowdot) == 40.0
     acc = kernels.reference_acceptance()
-    ranked = {r.kernel.name: r for r in kernels.rank_kernels(curves, acc)}
+    ranked = {r.kernel.name: r for r in kernels.rank_kernels(curves, acc, kernels.Workload.of(draft=True))}  # no copies
     for name, basis in (("bfloat16/onednn", 10.0), ("bfloat16/amx", 30.0)):
         c = curves[name]
         step = kernels.DRAFT_STEP_FRACTION * basis
@@ -166,24 +166,21 @@ def test_copies_favour_a_curve_that_stays_flat_past_the_drafts_budget():
     assert with_copies[0].kernel.name == "float32/pretransposed"
 
 
-def test_the_workload_of_a_command():
-    assert kernels.Workload.of(draft=False, lookup=8) == kernels.Workload(speculative=False, lookup=0)
-    assert kernels.Workload.of(draft=True, lookup=8, greedy=False) == kernels.Workload(speculative=True, lookup=0)
-    assert kernels.Workload.of(draft=True, lookup=8) == kernels.Workload(speculative=True, lookup=8)
-
-
-def test_generate_picks_the_kernel_for_what_it_runs(tiny_target, tmp_path, monkeypatch):
-    """`generate` without a draft decodes plainly, so `--dtype auto` gives it the cheapest one-token pass; with a
-    draft, the kernel speculation expects most of. Real curves in a real cache; the target really loads."""
+def test_generate_with_and_without_a_draft_decodes_the_same_kernel(tiny_target, tmp_path, monkeypatch):
+    """One kernel per machine and target, whatever the command: `generate` without a draft gets the kernel that
+    speculation ranks first even where plain decoding alone would rank another first, so its greedy text is the
+    oracle of `generate --draft`'s. Real curves in a real cache; the target really loads and decodes."""
     from specwire.decode.generate import GenerateConfig, generate_reply
 
     monkeypatch.setenv("SPECWIRE_HOME", str(tmp_path))
     folder = str(tiny_target("llama"))
     here = {k.name for k in kernels.candidate_kernels("cpu")}
     slow = {n: _shaped(n, 200.0, 0.1) for n in here if n not in STEEP_AND_FLAT}  # never in the running
-    write_cache(CacheKey.here(kernels._fingerprint(folder), "cpu"), tmp_path,
-                curves={**slow, **{n: _shaped(n, *shape) for n, shape in STEEP_AND_FLAT.items()}})
+    curves = {**slow, **{n: _shaped(n, *shape) for n, shape in STEEP_AND_FLAT.items()}}
+    write_cache(CacheKey.here(kernels._fingerprint(folder), "cpu"), tmp_path, curves=curves)
+    acc = kernels.reference_acceptance()
+    assert kernels.rank_kernels(curves, acc, kernels.Workload.of(draft=False))[0].kernel.name == "float32/torch"
+    assert kernels.rank_kernels(curves, acc, kernels.REFERENCE)[0].kernel.name == "float32/pretransposed"
     plain = generate_reply(GenerateConfig("hello", target=folder, max_new_tokens=2))
-    assert plain.result.extra["kernel"] == "float32/torch"
-    assert kernels.resolve_kernel(folder, "auto", "auto", device="cpu", workload=kernels.Workload.of(draft=True)).name \
-        == "float32/pretransposed"
+    assert plain.result.extra["kernel"] == "float32/pretransposed"
+    assert kernels.resolve_kernel(folder, "auto", "auto", device="cpu").name == "float32/pretransposed"

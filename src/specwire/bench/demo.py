@@ -21,7 +21,7 @@ from specwire.decode.engine import SpecConfig, load_engine_draft
 from specwire.decode.generate import decode_reply
 from specwire.draft.model import SHIPPED_DRAFT
 from specwire.errors import SpecwireError
-from specwire.decode.kernels import Workload, load_decoding_target
+from specwire.decode.kernels import load_decoding_target
 from specwire.target.load import BUILTIN_TARGET, Target, TargetInfo
 from specwire.wiring import CONVENTIONS
 
@@ -150,9 +150,7 @@ def cpu_has_amx() -> bool:
 def run_demo(config: DemoConfig, *, say: Callable[..., None] = print) -> BenchReport:
     """Run the demo, handing every line (and every streamed piece, with end="") to `say`; return the benchmark."""
     t0 = time.perf_counter()
-    workload = Workload.of(draft=True, lookup=SpecConfig().lookup)  # greedy speculation with the shipped draft
-    target = load_decoding_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear,
-                                  workload=workload)
+    target = load_decoding_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear)
     say(render_info(target.info))
     say(f"\nloaded in {time.perf_counter() - t0:.1f} s")
     draft, why_not = demo_draft(config, target)

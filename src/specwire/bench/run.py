@@ -176,7 +176,7 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     loading `config.prompts`.
     """
     from specwire.data.prompts import load_prompts
-    from specwire.decode.kernels import Workload, load_decoding_target
+    from specwire.decode.kernels import load_decoding_target
 
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -187,9 +187,7 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
     if not records:
         raise SpecwireError(f"prompt source {config.prompts!r} holds no prompts.")
     if target is None:
-        workload = Workload.of(draft=config.needs_draft, lookup=config.spec.lookup)  # the bench decodes greedily
-        target = load_decoding_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear,
-                                      workload=workload)
+        target = load_decoding_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear)
     spec = None  # the knobs the eagle3 methods use, as the report states them
     runners: dict[str, Runner] = {}
     for m in config.run_methods:

@@ -33,13 +33,11 @@ def add_cli(sub) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from specwire.server import create_app, serve
-    from specwire.decode.kernels import Workload, load_decoding_target
+    from specwire.decode.kernels import load_decoding_target
 
     config = config_from_args(ServeConfig, args)  # validated before anything loads
     spec = None if args.no_draft else spec_from_args(args)
-    workload = Workload.of(draft=spec is not None, lookup=spec.lookup if spec else 0)  # greedy requests use the lookup
-    target = load_decoding_target(args.target, device=args.device, dtype=args.dtype, linear=args.linear,
-                                  workload=workload)
+    target = load_decoding_target(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
     draft = None
     if not args.no_draft:
         from specwire.decode.engine import load_engine_draft

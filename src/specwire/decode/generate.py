@@ -18,7 +18,7 @@ from specwire.decode.plain import GenerationResult, plain_generate
 from specwire.decode.sampling import SamplingParams, make_generator
 from specwire.decode.text import TextStream
 from specwire.errors import SpecwireError
-from specwire.decode.kernels import Workload, kernel_of, load_decoding_target
+from specwire.decode.kernels import kernel_of, load_decoding_target
 from specwire.target.load import BUILTIN_TARGET, Target
 
 
@@ -84,10 +84,7 @@ def generate_reply(config: GenerateConfig, *, on_text: Callable[[str], None] | N
                    target: Target | None = None, draft=None) -> Reply:
     """Load the target (and the draft, when `config.draft` names one) unless given, then decode one reply."""
     if target is None:
-        workload = Workload.of(draft=bool(config.draft or draft), lookup=config.spec.lookup,
-                               greedy=config.sampling.greedy)
-        target = load_decoding_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear,
-                                      workload=workload)
+        target = load_decoding_target(config.target, device=config.device, dtype=config.dtype, linear=config.linear)
     if draft is None and config.draft:
         draft = load_engine_draft(config.draft, target)
     prompt_ids = target.tokenizer(config.prompt)["input_ids"] if config.raw else target.encode_chat(config.prompt)

@@ -9,16 +9,20 @@ padding, a bitwise check of chain and tree passes against single steps, and its 
 `target.hardware`), `resolve_kernel` for `--dtype auto` / `--linear auto`, and `cost_curve` for a loaded
 target (cached, or measured on it). Does not load drafts or choose a speculation budget (`budget`).
 
-How "fastest" is judged depends on what the command will run (`Workload`):
-  - plain decoding (no draft): the cheapest one-token pass. A flat curve is worth nothing without speculation:
-    on a CPU with AVX512-BF16 but no AMX, bf16 verifies 16 tokens for 1.3x a one-token pass where float32 takes
-    2.6x, yet its one-token pass costs 1.6x float32's;
-  - speculative decoding: the tokens per second that `auto` speculation would expect on that kernel's curve,
-    with the draft's offline acceptance (the shipped draft's when no other is given) and a draft step costing
-    `DRAFT_STEP_FRACTION` of a one-token pass on the kernel the served draft runs (`draft_step_basis`: a bf16
-    target off AMX serves a rowdot draft, so its draft costs what it costs beside a rowdot target). With the
-    context lookup on (greedy decoding), `COPY_SHARE` of the rounds also verify a copy, cut as `auto` cuts it
-    (`decode.lookup.tail_length`, at the lookup's prior acceptance): the extra rows favour a flat curve.
+How "fastest" is judged: by the tokens per second a workload would expect on each kernel's curve (`Workload`):
+  - speculative decoding: what `auto` speculation would expect, with the draft's offline acceptance (the
+    shipped draft's when no other is given) and a draft step costing `DRAFT_STEP_FRACTION` of a one-token pass
+    on the kernel the served draft runs (`draft_step_basis`: a bf16 target off AMX serves a rowdot draft, so its
+    draft costs what it costs beside a rowdot target). With the context lookup on, `COPY_SHARE` of the rounds
+    also verify a copy, cut as `auto` cuts it (`decode.lookup.tail_length`, at the lookup's prior acceptance):
+    the extra rows favour a flat curve;
+  - plain decoding: the cheapest one-token pass (reported by `tools/verify_cost.py`, not chosen by).
+The defaults choose by one workload, `REFERENCE`: speculation with the lookup at its default, whatever the
+command. One kernel per machine and target is what makes plain decoding the oracle of speculative decoding
+across commands: `generate` with and without `--draft`, with and without the lookup, greedy or sampled, all
+decode the same bits of the same target, so their greedy texts agree token for token. (Choosing per command
+would let `generate` alone run float32 and `generate --draft` bf16 on a machine where the two tie for one
+token: two targets, two texts.)
 The choice only ranks kernels; the budget a request runs with is chosen later, from the real draft's measured
 step cost and live acceptance. The prompt's prefill is not priced: it is the same for every method of a
 kernel, and the ranking compares decoding speeds.
@@ -142,21 +146,23 @@ def reference_acceptance() -> AcceptanceModel:
 
 @dataclass(frozen=True)
 class Workload:
-    """What `--dtype auto` chooses a kernel for: speculative decoding with a draft (`lookup`: the context lookup's
-    cap on copied tokens a round, 0 when off or when sampling), or plain decoding (`speculative` False)."""
+    """What a ranking prices: speculative decoding with a draft (`lookup`: the context lookup's cap on copied
+    tokens a round, 0 when off), or plain decoding (`speculative` False)."""
 
     speculative: bool = True
     lookup: int = 0
 
     @classmethod
-    def of(cls, *, draft: bool, lookup: int = 0, greedy: bool = True) -> "Workload":
-        """The workload of a command: a draft or not, and the lookup's cap where it runs (greedy rounds only)."""
-        return cls(speculative=draft, lookup=lookup if draft and greedy else 0)
+    def of(cls, *, draft: bool, lookup: int = 0) -> "Workload":
+        return cls(speculative=draft, lookup=lookup if draft else 0)
 
     def label(self) -> str:
         if not self.speculative:
             return "plain decoding"
         return "speculative decoding" + (f", context lookup up to {self.lookup}" if self.lookup else "")
+
+
+REFERENCE = Workload(speculative=True, lookup=8)  # what the defaults choose by: `SpecConfig`'s default lookup
 
 
 @dataclass
@@ -210,7 +216,7 @@ def expected_rate(curve: CostCurve, draft_step_ms: float, acceptance: Acceptance
 
 
 def rank_kernels(curves: dict[str, CostCurve], acceptance: AcceptanceModel,
-                 workload: Workload = Workload()) -> list[KernelRanking]:
+                 workload: Workload = REFERENCE) -> list[KernelRanking]:
     """Invariant candidates, fastest first (by the tokens/s `workload` would expect: `expected_rate`)."""
     out = []
     for name, curve in curves.items():
@@ -221,10 +227,9 @@ def rank_kernels(curves: dict[str, CostCurve], acceptance: AcceptanceModel,
     return sorted(out, key=lambda r: -r.expected_tokens_per_s)
 
 
-def default_kernel(name_or_path: str, *, device: str = "cpu", progress: bool = True,
-                   workload: Workload = Workload()) -> tuple[KernelChoice, list[KernelRanking]]:
-    """The fastest batch-invariant kernel for `workload` with this target on this machine (profiling missing
-    candidates once)."""
+def default_kernel(name_or_path: str, *, device: str = "cpu", progress: bool = True) -> tuple[KernelChoice, list[KernelRanking]]:
+    """The fastest batch-invariant kernel for this target on this machine, by the `REFERENCE` workload (profiling
+    missing candidates once)."""
     from specwire.target.load import target_info
 
     fingerprint = _fingerprint(name_or_path)
@@ -241,7 +246,7 @@ def default_kernel(name_or_path: str, *, device: str = "cpu", progress: bool = T
             log.info(note)
             curve = profile_kernel(name_or_path, kernel, device=device)
         curves[kernel.name] = curve
-    ranking = rank_kernels(curves, reference_acceptance(), workload)
+    ranking = rank_kernels(curves, reference_acceptance(), REFERENCE)
     if not ranking:
         return KernelChoice("float32"), ranking
     return ranking[0].kernel, ranking
@@ -275,13 +280,12 @@ def _fingerprint(name_or_path: str) -> str:
     return fingerprint
 
 
-def resolve_kernel(name_or_path: str, dtype: str, linear: str, *, device: str | None = None,
-                   workload: Workload = Workload()) -> KernelChoice:
-    """`--dtype auto` / `--linear auto` -> the default kernel's for `workload`; explicit values are kept."""
+def resolve_kernel(name_or_path: str, dtype: str, linear: str, *, device: str | None = None) -> KernelChoice:
+    """`--dtype auto` / `--linear auto` -> the default kernel's; explicit values are kept."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dtype != "auto" and linear != "auto":
         return KernelChoice(dtype, linear)
-    best, ranking = default_kernel(name_or_path, device=device, workload=workload)
+    best, ranking = default_kernel(name_or_path, device=device)
     if dtype == "auto":
         return KernelChoice(best.dtype, best.linear if linear == "auto" else linear)
     # an explicit dtype: the fastest measured linear of that dtype (the overall best may be another dtype's,
@@ -291,10 +295,9 @@ def resolve_kernel(name_or_path: str, dtype: str, linear: str, *, device: str | 
 
 
 def load_decoding_target(name_or_path: str, *, device: str | None = None, dtype: str = "auto",
-                         linear: str = "auto", workload: Workload = Workload()) -> Target:
-    """Load a target for decoding: `auto` dtype/linear resolved to this machine's fastest invariant kernel for
-    `workload`."""
-    k = resolve_kernel(name_or_path, dtype, linear, device=device, workload=workload)
+                         linear: str = "auto") -> Target:
+    """Load a target for decoding: `auto` dtype/linear resolved to this machine's fastest invariant kernel."""
+    k = resolve_kernel(name_or_path, dtype, linear, device=device)
     return load_target(name_or_path, device=device, dtype=k.dtype, linear=k.linear)
 
 

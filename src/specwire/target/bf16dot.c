@@ -154,8 +154,8 @@ static inline __attribute__((always_inline)) void bf16dot_part(const int WF, con
                                                                uint16_t *y, int part, int parts) {
     const int64_t width = M == 1 ? 8 : STRIP, blocks = (N + width - 1) / width, share = (blocks + parts - 1) / parts;
     const int64_t first_block = part * share, last_block = first_block + share < blocks ? first_block + share : blocks;
-    const int64_t m0 = 0, mr = 1;
     if (M == 1) {
+        const int64_t m0 = 0;
         for (int64_t b = first_block; b < last_block; b++) {
             if (b * 8 + 8 <= N) {
                 const int64_t n0 = b * 8;
@@ -165,7 +165,6 @@ static inline __attribute__((always_inline)) void bf16dot_part(const int WF, con
         }
         return;
     }
-    (void)mr;
     const int decode = WF != BF16;
     for (int64_t b = first_block; b < last_block; b++) {
         const int64_t nb = b * STRIP, nc = N - nb < STRIP ? N - nb : STRIP;

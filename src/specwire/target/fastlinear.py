@@ -2,7 +2,7 @@
 
 Scope: the `PretransposedLinear`, `OneDNNLinear`, `RowDotLinear`, `AmxLinear` and `RowPaddedLinear` modules,
 and `pretranspose_linears` / `onednn_linears` /
-`rowdot_linears` / `amx_linears` / `pad_linear_rows`, which swap a model's
+`rowdot_linears` / `bf16_rowdot_linears` / `amx_linears` / `pad_linear_rows`, which swap a model's
 `nn.Linear` layers for them in place,
 `concat_linears`, which packs products that read the same input into one, and `linear_kind`, which names
 what a model runs. Does not own model loading

@@ -342,8 +342,9 @@ def load_target(
 
     path = resolve_target_path(name_or_path)
     config = read_target_config(path)
+    stored = set()  # the checkpoint's tensor dtypes ("F32", "BF16", ...)
     for f in sorted(path.glob("*.safetensors")):
-        safetensors_header(f)
+        stored |= {v.get("dtype") for k, v in safetensors_header(f).items() if k != "__metadata__" and isinstance(v, dict)}
     device = torch.device(device or default_device())
     dtype = parse_dtype(dtype)
     if linear == "rowdot":
@@ -401,9 +402,11 @@ def load_target(
     if linear == "rowdot" and dtype == torch.bfloat16:
         from specwire.target.fastlinear import bf16_rowdot_linears
 
-        with warnings.catch_warnings():  # the float32 weights, for their GGUF codes (a bf16 weight is rounded from them)
-            warnings.simplefilter("ignore")
-            float32_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False)
+        float32_model = None  # the float32 weights, for their GGUF codes (a bf16 weight is rounded from them)
+        if "F32" in stored:  # a checkpoint stored in bf16 (or .bin files) has no float32 weights to read codes of
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                float32_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False)
         bf16_rowdot_linears(model, float32_model)
         del float32_model
     elif linear == "rowdot":

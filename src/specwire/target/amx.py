@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import platform
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
 from specwire.errors import SpecwireError
+from specwire.target.cpu import x86_lacks
 
 SOURCE = Path(__file__).with_name("amxdot.c")
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-fopenmp", "-fPIC", "-shared")
@@ -41,28 +41,18 @@ def source_digest() -> str:
 
 
 def cpu_lacks() -> str | None:
-    from specwire.target.cpu import cpu_features
-
-    if platform.machine().lower() not in ("x86_64", "amd64") or platform.system() != "Linux":
-        return f"it is written for x86-64 Linux and this is {platform.system()} on {platform.machine()}"
-    f = cpu_features()
-    missing = [name for name in FEATURES if not f.get(name)]
-    return f"this CPU lacks {' and '.join(missing)}" if missing else None
+    return x86_lacks(FEATURES, linux=True)
 
 
 @lru_cache(maxsize=None)
 def _library() -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded library, "") or (None, why not), built once (`rowdot.build_library`)."""
-    from specwire.target.rowdot import build_library
+    """(the loaded library, "") or (None, why not), built once (`rowdot.open_library`)."""
+    from specwire.target.rowdot import open_library
 
-    why = cpu_lacks()
-    if why:
-        return None, why
-    lib, why = build_library((SOURCE,), FLAGS, source_digest(), "specwire-amx", "the AMX kernel")
+    lib, why = open_library((SOURCE,), FLAGS, source_digest(), "specwire-amx", "the AMX kernel", why_not=cpu_lacks(),
+                            abi=("specwire_amxdot_abi", ABI))
     if lib is None:
         return None, why
-    if lib.specwire_amxdot_abi() != ABI:
-        return None, f"{lib._name} has another interface version than this specwire"
     if lib.specwire_amx_init() != 0:
         return None, "Linux refused this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)"
     i64, ptr = ctypes.c_int64, ctypes.c_void_p

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import platform
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
 from specwire.errors import SpecwireError
+from specwire.target.cpu import x86_lacks
 from specwire.target.compact import CompactWeight
 
 SOURCE = Path(__file__).with_name("bf16dot.c")
@@ -44,28 +44,18 @@ def source_digest() -> str:
 
 
 def cpu_lacks() -> str | None:
-    from specwire.target.cpu import cpu_features
-
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"it is written for x86-64 and this is {platform.machine()}"
-    f = cpu_features()
-    missing = [name for name in FEATURES if not f.get(name)]
-    return f"this CPU lacks {' and '.join(missing)}" if missing else None
+    return x86_lacks(FEATURES)
 
 
 @lru_cache(maxsize=None)
 def _library() -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded library, "") or (None, why not), built once."""
-    from specwire.target.rowdot import build_library
+    """(the loaded library, "") or (None, why not), built once (`rowdot.open_library`)."""
+    from specwire.target.rowdot import open_library
 
-    why = cpu_lacks()
-    if why:
-        return None, why
-    lib, why = build_library((SOURCE,), FLAGS, source_digest(), "specwire-bf16dot", "the AVX512-BF16 kernel")
+    lib, why = open_library((SOURCE,), FLAGS, source_digest(), "specwire-bf16dot", "the AVX512-BF16 kernel",
+                            why_not=cpu_lacks(), abi=("specwire_bf16dot_abi", ABI))
     if lib is None:
         return None, why
-    if lib.specwire_bf16dot_abi() != ABI:
-        return None, f"{lib._name} has another interface version than this specwire"
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.specwire_bf16dot_bf16.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, i32]
     lib.specwire_bf16dot_q4_1.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i32]

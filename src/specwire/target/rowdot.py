@@ -28,7 +28,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 from functools import lru_cache
@@ -112,14 +111,25 @@ def build_library(sources: tuple[Path, ...], flags: tuple[str, ...], digest: str
         return None, f"{lib_path} does not load ({e})"
 
 
-def _cpu_ok(build: str) -> str | None:
-    from specwire.target.cpu import cpu_features
+def open_library(sources: tuple[Path, ...], flags: tuple[str, ...], digest: str, prefix: str, what: str, *,
+                 why_not: str | None, abi: tuple[str, int]) -> tuple[ctypes.CDLL | None, str]:
+    """`build_library`, unless `why_not` already says this machine cannot run it, then the library's interface
+    version checked: (the library, "") or (None, why not). `abi`: (the version function's name, the version this
+    specwire calls). Shared by the compiled kernels (`rowdot`, `amx`, `bf16dot`)."""
+    if why_not:
+        return None, why_not
+    lib, why = build_library(sources, flags, digest, prefix, what)
+    if lib is None:
+        return None, why
+    if getattr(lib, abi[0])() != abi[1]:
+        return None, f"{lib._name} has another interface version than this specwire"
+    return lib, ""
 
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"it is written for x86-64 and this machine is {platform.machine()}"
-    f = cpu_features()
-    missing = [name for name in ISA_FEATURES[build] if not f.get(name)]
-    return f"this CPU lacks {' and '.join(missing)} (the {build} build)" if missing else None
+
+def _cpu_ok(build: str) -> str | None:
+    from specwire.target.cpu import x86_lacks
+
+    return x86_lacks(ISA_FEATURES[build], suffix=f" (the {build} build)")
 
 
 @lru_cache(maxsize=None)
@@ -130,15 +140,10 @@ def _library(build: str | None = None) -> tuple[ctypes.CDLL | None, str]:
         build = build or isa()
     except SpecwireError as e:
         return None, str(e)
-    why = _cpu_ok(build)
-    if why:
-        return None, why
-    lib, why = build_library(SOURCES, ISA_FLAGS[build], source_digest(build), "specwire-kernels",
-                             "the row-invariant kernels")
+    lib, why = open_library(SOURCES, ISA_FLAGS[build], source_digest(build), "specwire-kernels",
+                            "the row-invariant kernels", why_not=_cpu_ok(build), abi=("specwire_rowdot_abi", ABI))
     if lib is None:
         return None, why
-    if lib.specwire_rowdot_abi() != ABI:
-        return None, f"{lib._name} has another interface version than this specwire"
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.specwire_rowdot_f32.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
     lib.specwire_rowdot_f32.restype = None

@@ -184,3 +184,9 @@ def test_generate_with_and_without_a_draft_decodes_the_same_kernel(tiny_target, 
     plain = generate_reply(GenerateConfig("hello", target=folder, max_new_tokens=2))
     assert plain.result.extra["kernel"] == "float32/pretransposed"
     assert kernels.resolve_kernel(folder, "auto", "auto", device="cpu").name == "float32/pretransposed"
+
+
+def test_the_defaults_rank_by_speculation_with_the_default_lookup():
+    from specwire.decode.engine import SpecConfig
+
+    assert kernels.REFERENCE == kernels.Workload.of(draft=True, lookup=SpecConfig().lookup)

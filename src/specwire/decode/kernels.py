@@ -156,11 +156,6 @@ class Workload:
     def of(cls, *, draft: bool, lookup: int = 0) -> "Workload":
         return cls(speculative=draft, lookup=lookup if draft else 0)
 
-    def label(self) -> str:
-        if not self.speculative:
-            return "plain decoding"
-        return "speculative decoding" + (f", context lookup up to {self.lookup}" if self.lookup else "")
-
 
 REFERENCE = Workload(speculative=True, lookup=8)  # what the defaults choose by: `SpecConfig`'s default lookup
 

@@ -65,6 +65,7 @@ import torch.nn.functional as F
 from specwire.errors import SpecwireError
 from specwire.target.amx import BLOCK_K, BLOCK_N, library as amx_library, product as amx_product
 from specwire.target.attention import MAX_INVARIANT_QUERIES
+from specwire.target.bf16dot import bf16dot as _bf16dot
 from specwire.target.compact import CompactWeight, pack
 from specwire.target.rowdot import rowdot
 
@@ -313,9 +314,7 @@ class RowDotLinear(nn.Module):
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
         if self.bf16 is not None:
-            from specwire.target.bf16dot import bf16dot
-
-            return bf16dot(F.pad(x, (0, self.pad_k)) if self.pad_k else x, self.bf16, self.bias)
+            return _bf16dot(F.pad(x, (0, self.pad_k)) if self.pad_k else x, self.bf16, self.bias)
         return rowdot(x, self.weight if self.compact is None else self.compact, self.bias)
 
     def extra_repr(self) -> str:

@@ -7,8 +7,10 @@ builds), each in two forms (rowdot only in the first: its stock form is nn.Linea
   - invariant: the batch-invariant attention and the linear row padding measured for this machine
     (what decoding runs: passes bitwise equal to single steps);
   - stock: transformers' sdpa and no padding (what `hf-generate` runs; not invariant).
-It then ranks the invariant kernels as `--dtype auto` does (speculation with the context lookup: one choice for
-every command, `decode.kernels.REFERENCE`), says which it chose and why, shows how speculation without the
+It then measures the leading kernels again side by side, interleaved pass by pass, as `--dtype auto` does
+(`decode.kernels.settle`: rows "side by side"), ranks the invariant kernels by those curves as `--dtype auto`
+does (speculation with the context lookup: one choice for every command, `decode.kernels.REFERENCE`), says which
+it chose and why, shows how speculation without the
 lookup and plain decoding alone would rank them, and caches
 the invariant curves where `--dtype auto` looks for them. Where the rowdot kernel reads weights in an exact
 compact form (`target.compact`: the built-in target's GGUF block codes), the same kernel reading them as
@@ -28,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from specwire.decode.kernels import COPY_SHARE, REFERENCE, Workload, candidate_kernels, describe_features, rank_kernels, reference_acceptance
+from specwire.decode.kernels import (COPY_SHARE, REFERENCE, Workload, candidate_kernels, describe_features, rank_kernels,
+                                     reference_acceptance, settle)
 from specwire.safeio import atomic_path, write_json, write_text
 from specwire.target.fastlinear import RowDotLinear, linear_min_rows
 from specwire.target.hardware import KernelChoice, measure_curve
@@ -76,6 +79,12 @@ def main(argv=None) -> int:
                 rows[name].invariant = curves[kernel.name].invariant
                 print(name, [round(rows[name].at(T), 1) for T in SHOWN], flush=True)
             del t
+    alone = dict(curves)
+    curves = settle(args.target, curves, device="cpu", reps=args.reps)  # the leaders again, side by side
+    for name, c in curves.items():
+        if c is not alone[name]:
+            rows[f"{name} invariant, side by side"] = c
+            print(f"{name} invariant, side by side", [round(c.at(T), 1) for T in SHOWN], flush=True)
     workloads = {"speculation": REFERENCE, "speculation without the lookup": Workload.of(draft=True, lookup=0),
                  "plain": Workload.of(draft=False)}
     rankings = {w: rank_kernels(curves, reference_acceptance(), workload) for w, workload in workloads.items()}
@@ -122,7 +131,10 @@ def _why(name: str, workload: Workload, ranking) -> str:
                     f"{COPY_SHARE:.0%} share of rounds)" if workload.lookup else ""))
     verdict = ("the defaults (`--dtype auto --linear auto`, for every command) chose" if workload == REFERENCE
                else "the defaults do not choose by this; it would rank first")
-    return (f"**{name.capitalize()}:** {verdict} **{best.kernel.name}**: of the kernels whose passes were "
+    settled = [r.kernel.name for r in ranking if r.curve.beside]
+    beside = (f" (by the curves of {', '.join(settled)}, measured side by side; the others' measured alone)"
+              if settled else "")
+    return (f"**{name.capitalize()}:** {verdict} **{best.kernel.name}**{beside}: of the kernels whose passes were "
             f"bitwise equal to single steps, it gives {basis} ({best.expected_tokens_per_s:.1f} tok/s, {best.budget}); "
             + "; ".join(f"{r.kernel.name}: {r.expected_tokens_per_s:.1f} tok/s ({r.budget})" for r in ranking[1:]) + ".")
 

@@ -17,7 +17,7 @@ import pytest
 
 from specwire.decode import kernels
 from specwire.decode.budget import AcceptanceModel
-from specwire.target.hardware import CacheKey, CostCurve, write_cache
+from specwire.target.hardware import CacheKey, CostCurve, KernelChoice, read_cache, write_cache
 
 TOKENS = list(range(1, 18))
 
@@ -190,3 +190,72 @@ def test_the_defaults_rank_by_speculation_with_the_default_lookup():
     from specwire.decode.engine import SpecConfig
 
     assert kernels.REFERENCE == kernels.Workload.of(draft=True, lookup=SpecConfig().lookup)
+
+
+
+def test_the_finalists_are_the_first_three_within_the_margin_of_the_best():
+    def ranked(rates):
+        return [kernels.KernelRanking(KernelChoice.parse(n), _curve(n, 1.0), r, "chain 2") for n, r in rates.items()]
+
+    four = ranked({"bfloat16/rowdot": 100.0, "float32/rowdot": 90.0, "bfloat16/onednn": 76.0, "float32/torch": 75.5})
+    assert kernels.finalists(four) == ["bfloat16/rowdot", "float32/rowdot", "bfloat16/onednn"]  # three at most
+    assert kernels.finalists(ranked({"bfloat16/rowdot": 100.0, "float32/rowdot": 74.0})) == ["bfloat16/rowdot"]
+    assert kernels.finalists([]) == []
+
+
+LEADERS = ("float32/torch", "float32/pretransposed")  # candidates on every machine
+
+
+@pytest.fixture
+def two_leaders(tiny_target, tmp_path, monkeypatch):
+    """A tiny target whose cached curves (measured alone) put two kernels within the margin, every other
+    candidate far behind."""
+    monkeypatch.setenv("SPECWIRE_HOME", str(tmp_path))
+    folder = str(tiny_target("llama"))
+    here = {k.name for k in kernels.candidate_kernels("cpu")}
+    curves = {n: _curve(n, 5.0 if n in LEADERS else 500.0) for n in here}
+    curves["float32/torch"].invariant = None  # as profiled: the check's outcome is carried over
+    return folder, curves
+
+
+def test_settle_measures_the_leaders_again_side_by_side_and_caches_them(two_leaders):
+    """The leaders are loaded together and timed pass by pass in turn (`hardware.measure_passes_ms`): their new
+    curves name each other, keep the bitwise check's outcome, and are what the cache holds; a settled set is not
+    measured again."""
+    folder, curves = two_leaders
+    settled = kernels.settle(folder, curves, reps=1)
+    for name in LEADERS:
+        assert settled[name] is not curves[name] and settled[name].ms != curves[name].ms
+        assert settled[name].beside == [n for n in LEADERS if n != name]
+        assert settled[name].invariant == curves[name].invariant and len(settled[name].ms) == 17
+    assert all(settled[n] is curves[n] for n in curves if n not in LEADERS)
+    cached = read_cache(CacheKey.here(kernels._fingerprint(folder), "cpu"), kernels.specwire_home()).curves
+    assert {n: cached[n].ms for n in LEADERS} == {n: settled[n].ms for n in LEADERS}
+    assert kernels.settle(folder, settled, reps=1) == settled  # settled already: nothing is loaded
+
+
+def test_settle_loads_no_copy_that_memory_cannot_hold(two_leaders, monkeypatch):
+    from specwire.target import hardware
+
+    folder, curves = two_leaders
+    monkeypatch.setattr(hardware, "memory_available", lambda: 1024)  # a machine with no room for a second copy
+    assert kernels.settle(folder, curves, reps=1) == curves
+
+
+def test_passes_side_by_side_alternate_the_models_at_every_size(tiny_target):
+    """`measure_passes_ms`: for every repetition and every pass size, each model runs once, in turn, so a burst
+    of load falls on all of them alike."""
+    from specwire.target.hardware import measure_passes_ms
+    from specwire.target.load import load_target
+
+    folder = tiny_target("llama")
+    models = [load_target(folder, device="cpu", dtype=d).model for d in ("float32", "bfloat16")]
+    order = []
+    for i, m in enumerate(models):
+        m.register_forward_pre_hook(
+            lambda mod, args, kw, i=i: order.append((i, (args[0] if args else kw["input_ids"]).shape[1])),
+            with_kwargs=True)
+    ms = measure_passes_ms(models, [4, 8], context=5, reps=2)  # sizes every kernel's row padding divides
+    assert [len(m) for m in ms] == [2, 2] and all(v > 0 for m in ms for v in m)
+    assert order[:2] == [(0, 5), (1, 5)]  # each model's context first
+    assert order[2:] == [(0, 4), (1, 4), (0, 8), (1, 8)] * 4  # two warm-up rounds, two timed

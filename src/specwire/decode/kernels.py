@@ -6,8 +6,8 @@ AMX or AVX512-BF16, or on CUDA, with `torch`, `pretransposed`, `onednn` where to
 `target.bf16dot` runs and `amx` where `target.amx` runs), profiling a candidate (its linear row
 padding, a bitwise check of chain and tree passes against single steps, and its pass-cost curve),
 `default_kernel` (the fastest candidate that passed the check, measured once per machine and cached by
-`target.hardware`), `resolve_kernel` for `--dtype auto` / `--linear auto`, and `cost_curve` for a loaded
-target (cached, or measured on it). Does not load drafts or choose a speculation budget (`budget`).
+`target.hardware`, its leaders measured a second time side by side: `settle`), `resolve_kernel` for `--dtype
+auto` / `--linear auto`, and `cost_curve` for a loaded target (cached, or measured on it). Does not load drafts or choose a speculation budget (`budget`).
 
 How "fastest" is judged: by the tokens per second a workload would expect on each kernel's curve (`Workload`):
   - speculative decoding: what `auto` speculation would expect, with the draft's offline acceptance (the
@@ -50,6 +50,9 @@ DRAFT_STEP_FRACTION = 0.05  # a draft step's cost relative to a one-token pass o
 # built-in target and shipped draft (version 10), 14% of the chain's rounds on MT-bench and 36% on HumanEval.
 COPY_SHARE = 0.25
 INVARIANCE_SIZES = (2, 17)  # pass sizes of the profile's bitwise check (chain and tree)
+# The leading candidates of a fresh profile, re-measured side by side (`settle`): at most this many, and only
+# those the first measurements put within this share of the best rate.
+FINALISTS, FINALIST_MARGIN = 3, 0.25
 
 
 def kernel_of(target: Target) -> KernelChoice:
@@ -224,13 +227,13 @@ def rank_kernels(curves: dict[str, CostCurve], acceptance: AcceptanceModel,
 
 def default_kernel(name_or_path: str, *, device: str = "cpu", progress: bool = True) -> tuple[KernelChoice, list[KernelRanking]]:
     """The fastest batch-invariant kernel for this target on this machine, by the `REFERENCE` workload (profiling
-    missing candidates once)."""
+    missing candidates once, then settling the leaders side by side: `settle`)."""
     from specwire.target.load import target_info
 
     fingerprint = _fingerprint(name_or_path)
     key = CacheKey.here(fingerprint, device)
     cached = read_cache(key, specwire_home()).curves
-    curves = {}
+    curves, fresh = {}, False
     for kernel in candidate_kernels(device):
         curve = cached.get(kernel.name)
         if curve is None or curve.invariant is None:
@@ -239,12 +242,70 @@ def default_kernel(name_or_path: str, *, device: str = "cpu", progress: bool = T
             if progress and sys.stderr.isatty():
                 print(f"specwire: {note}", file=sys.stderr, flush=True)
             log.info(note)
-            curve = profile_kernel(name_or_path, kernel, device=device)
+            curve, fresh = profile_kernel(name_or_path, kernel, device=device), True
         curves[kernel.name] = curve
+    if fresh:
+        curves = settle(name_or_path, curves, device=device, progress=progress)
     ranking = rank_kernels(curves, reference_acceptance(), REFERENCE)
     if not ranking:
         return KernelChoice("float32"), ranking
     return ranking[0].kernel, ranking
+
+
+def finalists(ranking: list[KernelRanking]) -> list[str]:
+    """The kernels worth a second, side-by-side measurement: the first `FINALISTS` of `ranking` that are expected
+    within `FINALIST_MARGIN` of the best rate (one or none: nothing to settle)."""
+    if not ranking:
+        return []
+    floor = (1 - FINALIST_MARGIN) * ranking[0].expected_tokens_per_s
+    return [r.kernel.name for r in ranking[:FINALISTS] if r.expected_tokens_per_s >= floor]
+
+
+def settle(name_or_path: str, curves: dict[str, CostCurve], *, device: str = "cpu", reps: int = 5,
+           progress: bool = False) -> dict[str, CostCurve]:
+    """`curves` with the leaders' (`finalists` under `REFERENCE`) measured again side by side, all loaded at once
+    (`hardware.measure_curves`), and cached.
+
+    Why: each candidate is first profiled alone, one after another, and a burst of load on a shared machine
+    during one of them bends its curve alone; on a 2-core Zen 4 two busy profiles ranked bfloat16/onednn and
+    float32/rowdot first where a quiet one ranks bfloat16/rowdot first. The choice is cached for good, so the
+    leaders are measured again interleaved, pass by pass, where a burst bends them all alike. Loads as many of
+    them as memory holds (`hardware.memory_available`: each copy needs what the first took, twice over); with
+    fewer than two loaded, the curves stay as they were."""
+    from specwire.target.fastlinear import linear_min_rows
+    from specwire.target.hardware import loaded_bytes, measure_curves, memory_available
+
+    names = finalists(rank_kernels(curves, reference_acceptance(), REFERENCE))
+    if len(names) < 2 or all(set(curves[n].beside) >= set(names) - {n} for n in names):
+        return curves  # nothing to settle, or settled already
+    note = f"measuring the leading kernels again side by side: {', '.join(names)}"
+    if progress and sys.stderr.isatty():
+        print(f"specwire: {note}", file=sys.stderr, flush=True)
+    log.info(note)
+    targets = []
+    for name in names:
+        if targets:
+            free, need = memory_available(), 2 * loaded_bytes(targets[0].model)
+            if free is None or free < need:
+                log.info("not loading %s beside the others: %s", name, "free memory unknown" if free is None else
+                         f"{free / 2**30:.1f} GiB free, {need / 2**30:.1f} GiB wanted")
+                break
+        kernel = KernelChoice.parse(name)
+        targets.append(load_target(name_or_path, device=device, dtype=kernel.dtype, linear=kernel.linear))
+    if len(targets) < 2:
+        return curves
+    kernels = [kernel_of(t) for t in targets]
+    measured = measure_curves(targets, kernels, min_rows=[linear_min_rows(t.model) for t in targets], reps=reps)
+    out = dict(curves)
+    for curve in measured:
+        curve.invariant = curves[curve.kernel].invariant
+        out[curve.kernel] = curve
+    try:
+        write_cache(CacheKey.here(targets[0].spec.fingerprint, targets[0].device.type), specwire_home(),
+                    curves={c.kernel: c for c in measured})
+    except OSError as e:
+        log.warning("could not cache the cost curves under %s (%s)", specwire_home(), e)
+    return out
 
 
 def _fingerprint(name_or_path: str) -> str:

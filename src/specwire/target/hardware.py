@@ -29,7 +29,7 @@ from specwire.safeio import write_json
 from specwire.target.cpu import cpu_features, cpu_model, native_bf16
 from specwire.wiring import short_hash
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3  # 3: the leading kernels' curves are measured side by side (`CostCurve.beside`)
 PASS_TOKENS = tuple(range(1, 18))  # pass sizes measured: a root plus up to 16 draft tokens
 log = logging.getLogger("specwire")
 
@@ -84,6 +84,7 @@ class CostCurve:
     invariant: bool | None = None  # did chain and tree passes match single steps bitwise (None: not checked)
     context: int = 256  # tokens already in the cache while measuring
     measured_at: str = ""  # ISO time
+    beside: list[str] = field(default_factory=list)  # the kernels measured interleaved with it ([]: alone)
 
     def at(self, T: int) -> float:
         """ms of a pass over T tokens (the nearest measured T at or above, else the largest)."""
@@ -180,43 +181,103 @@ def _diff(found, expected: dict) -> str:
     return ", ".join(f"{k}: {found.get(k)!r}" for k in names) or "same"
 
 
+def memory_available() -> int | None:
+    """Bytes of memory this machine can still give without swapping (Linux's MemAvailable), or None where it
+    does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def loaded_bytes(model: torch.nn.Module) -> int:
+    """Bytes held by a loaded model's tensors: parameters, buffers and what its modules keep beside them (the
+    compact weight forms and packed copies of `target.fastlinear`), each storage counted once."""
+    from specwire.target.compact import CompactWeight
+
+    seen, total = set(), 0
+    for module in model.modules():
+        held = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        for value in vars(module).values():
+            if isinstance(value, CompactWeight):
+                held += [t for t in (value.codes, value.d, value.m) if t is not None]
+            elif isinstance(value, torch.Tensor):
+                held.append(value)
+        for t in held:
+            try:
+                where, size = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+            except (RuntimeError, NotImplementedError):  # an opaque layout (oneDNN's packed weights)
+                where, size = id(t), t.numel() * t.element_size()
+            if where not in seen:
+                seen.add(where)
+                total += size
+    return total
+
+
 # ---- measuring ----------------------------------------------------------------------------------------
 
 @torch.inference_mode()
 def measure_pass_ms(model, tokens, *, context: int = 256, reps: int = 5, vocab: int | None = None) -> list[float]:
     """Median wall time (ms) of one forward over T new tokens after `context` cached ones, for each T in `tokens`,
-    as decoding runs it (`target.passes.padded_pass`, into `target.kvcache`'s cache).
+    as decoding runs it (`target.passes.padded_pass`, into `target.kvcache`'s cache)."""
+    return measure_passes_ms([model], tokens, context=context, reps=reps, vocab=vocab)[0]
 
-    The sizes are interleaved (every repetition times each T once, after two warm-up rounds) so that a burst
-    of load on a shared machine spreads over all sizes instead of bending one; the cache is cropped back
-    after every pass.
+
+@torch.inference_mode()
+def measure_passes_ms(models, tokens, *, context: int = 256, reps: int = 5, vocab: int | None = None) -> list[list[float]]:
+    """`measure_pass_ms` for several loaded models of one target at once (one list of ms per model, in order),
+    timed side by side.
+
+    The sizes and the models are interleaved (every repetition times each T once on every model in turn, after
+    two warm-up rounds), so that a burst of load on a shared machine spreads over all sizes and all models
+    instead of bending one: two kernels measured apart, minutes apart, can trade places under a passing load,
+    two measured together cannot. Every model decodes the same tokens; its cache is cropped back after every
+    pass.
     """
     from specwire.target.kvcache import decoding_cache
     from specwire.target.passes import padded_pass, pass_rows
 
-    dev = next(model.parameters()).device
-    vocab = vocab or model.config.get_text_config().vocab_size
+    vocab = vocab or models[0].config.get_text_config().vocab_size
     g = torch.Generator().manual_seed(0)
-    ctx = torch.randint(0, vocab, (1, context), generator=g).to(dev)
-    xs = {T: torch.randint(0, vocab, (1, T), generator=g).to(dev) for T in tokens}
-    cache = decoding_cache(model, context + max(tokens))
-    rows = pass_rows(model, cache)
-    model(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    times: dict[int, list[float]] = {T: [] for T in tokens}
+    ctx = torch.randint(0, vocab, (1, context), generator=g)
+    xs = {T: torch.randint(0, vocab, (1, T), generator=g) for T in tokens}
+    runs = []  # (model, its device, its cache, its row padding)
+    for model in models:
+        dev = next(model.parameters()).device
+        cache = decoding_cache(model, context + max(tokens))
+        model(ctx.to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        runs.append((model, dev, cache, pass_rows(model, cache)))
+    times = [{T: [] for T in tokens} for _ in models]
     for r in range(reps + 2):
         for T in tokens:
-            t0 = time.perf_counter()
-            padded_pass(model, xs[T], cache, rows, logits_to_keep=T)
-            synchronize(dev)
-            if r >= 2:
-                times[T].append(time.perf_counter() - t0)
-            cache.crop(context)
-    return [1000 * statistics.median(times[T]) for T in tokens]
+            for i, (model, dev, cache, rows) in enumerate(runs):
+                x = xs[T].to(dev)
+                t0 = time.perf_counter()
+                padded_pass(model, x, cache, rows, logits_to_keep=T)
+                synchronize(dev)
+                if r >= 2:
+                    times[i][T].append(time.perf_counter() - t0)
+                cache.crop(context)
+    return [[1000 * statistics.median(t[T]) for T in tokens] for t in times]
 
 
 def measure_curve(target, kernel: KernelChoice, *, min_rows: int, tokens=PASS_TOKENS, context: int = 256,
                   reps: int = 5) -> CostCurve:
     """The cost curve of an already loaded `target` (which runs `kernel`)."""
-    ms = measure_pass_ms(target.model, list(tokens), context=context, reps=reps, vocab=target.info.vocab_size)
-    return CostCurve(kernel=kernel.name, tokens=list(tokens), ms=[round(v, 3) for v in ms], min_rows=min_rows,
-                     context=context, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    return measure_curves([target], [kernel], min_rows=[min_rows], tokens=tokens, context=context, reps=reps)[0]
+
+
+def measure_curves(targets, kernels: list[KernelChoice], *, min_rows: list[int], tokens=PASS_TOKENS,
+                   context: int = 256, reps: int = 5) -> list[CostCurve]:
+    """The cost curves of several loaded copies of one target (`targets[i]` runs `kernels[i]`), measured side by
+    side (`measure_passes_ms`); each curve names the others in `beside`."""
+    ms = measure_passes_ms([t.model for t in targets], list(tokens), context=context, reps=reps,
+                           vocab=targets[0].info.vocab_size)
+    at = time.strftime("%Y-%m-%dT%H:%M:%S")
+    names = [k.name for k in kernels]
+    return [CostCurve(kernel=k.name, tokens=list(tokens), ms=[round(v, 3) for v in m], min_rows=r, context=context,
+                      measured_at=at, beside=[n for n in names if n != k.name])
+            for k, m, r in zip(kernels, ms, min_rows)]

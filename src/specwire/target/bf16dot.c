@@ -20,10 +20,10 @@
  * Speed: a one-token pass is bound by decoding the weights (GGUF codes: about 6 bits a weight for q4_1, against 16
  * for bf16), not by reading them. Every pass decodes each weight once into a bf16 strip of STRIP rows, one row's
  * stream of codes at a time (a tile that decodes several rows at once reads more streams than the prefetcher
- * follows: on a 2-core Zen 4 that made a one-token step 13% dearer), a q4_1 block by a table of its 16 possible
- * weights, then does 32 multiply-adds an instruction for each row, twice float32's 16, so its cost grows with the
- * rows about half as fast as float32 rowdot's. Needs AVX-512 (F, BW) and AVX512-BF16; compiled with -O3 -mavx512f
- * -mavx512bw -mavx512bf16 -fopenmp, without -ffast-math.
+ * follows: on a 2-core Zen 4 a one-row pass cost more than a two-row one that way), a q4_1 block by a table of
+ * its 16 possible weights, then does 32 multiply-adds an instruction for each row, twice float32's 16, so its cost
+ * grows with the rows about half as fast as float32 rowdot's. Needs AVX-512 (F, BW) and AVX512-BF16; compiled
+ * with -O3 -mavx512f -mavx512bw -mavx512bf16 -fopenmp, without -ffast-math.
  */
 #include <immintrin.h>
 #include <omp.h>

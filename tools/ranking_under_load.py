@@ -62,23 +62,26 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--kernels", default="bfloat16/rowdot,float32/rowdot,bfloat16/onednn",
                     help="kernels to compare, comma-separated (default: %(default)s)")
-    ap.add_argument("--burst", type=int, default=0, help="which kernel (0-based) the burst falls on when measured alone")
+    ap.add_argument("--burst", type=int, default=0,
+                    help="which kernel (0-based) the burst falls on when measured alone (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="docs/bench/ranking-under-load")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     kernels = [KernelChoice.parse(n) for n in args.kernels.split(",")]
+    if not 0 <= args.burst < len(kernels):
+        ap.error(f"--burst: expected a kernel index from 0 to {len(kernels) - 1}, found {args.burst}")
     targets = [load_target(args.target, device="cpu", dtype=k.dtype, linear=k.linear) for k in kernels]
     rows = [linear_min_rows(t.model) for t in targets]
 
     def side_by_side():
         return measure_curves(targets, kernels, min_rows=rows, reps=args.reps)
 
-    runs, seconds = {}, {}  # label -> curves in `kernels`' order; seconds a quiet run took
+    runs = {}  # label -> curves in `kernels`' order
     t0 = time.perf_counter()
     runs["quiet, side by side"] = side_by_side()
-    seconds["quiet, side by side"] = time.perf_counter() - t0
+    quiet_s = time.perf_counter() - t0
     alone = []
     for i, (t, k, r) in enumerate(zip(targets, kernels, rows)):
         if i == args.burst:
@@ -88,7 +91,7 @@ def main(argv=None) -> int:
             alone.append(measure_curve(t, k, min_rows=r, reps=args.reps))
     name_alone = f"alone, one after another; the burst on {kernels[args.burst].name}"
     runs[name_alone] = alone
-    third, burst = seconds["quiet, side by side"] / 3, Burst()  # quiet, busy, quiet: a third of the run each
+    third, burst = quiet_s / 3, Burst()  # quiet, busy, quiet: a third of the run each
     timers = [threading.Timer(third, burst.start), threading.Timer(2 * third, burst.stop)]
     for timer in timers:
         timer.start()

@@ -10,8 +10,7 @@ builds), each in two forms (rowdot only in the first: its stock form is nn.Linea
 It then measures the leading kernels again side by side, interleaved pass by pass, as `--dtype auto` does
 (`decode.kernels.settle`: rows "side by side"), ranks the invariant kernels by those curves as `--dtype auto`
 does (speculation with the context lookup: one choice for every command, `decode.kernels.REFERENCE`), says which
-it chose and why, shows how speculation without the
-lookup and plain decoding alone would rank them, and caches
+it chose and why, shows how speculation without the lookup and plain decoding alone would rank them, and caches
 the invariant curves where `--dtype auto` looks for them. Where the rowdot kernel reads weights in an exact
 compact form (`target.compact`: the built-in target's GGUF block codes), the same kernel reading them as
 float32 is measured beside it, as a reference, and so is the AVX2 build of the kernel where the default

@@ -7,7 +7,8 @@ AMX or AVX512-BF16, or on CUDA, with `torch`, `pretransposed`, `onednn` where to
 padding, a bitwise check of chain and tree passes against single steps, and its pass-cost curve),
 `default_kernel` (the fastest candidate that passed the check, measured once per machine and cached by
 `target.hardware`, its leaders measured a second time side by side: `settle`), `resolve_kernel` for `--dtype
-auto` / `--linear auto`, and `cost_curve` for a loaded target (cached, or measured on it). Does not load drafts or choose a speculation budget (`budget`).
+auto` / `--linear auto`, and `cost_curve` for a loaded target (cached, or measured on it). Does not load drafts or
+choose a speculation budget (`budget`).
 
 How "fastest" is judged: by the tokens per second a workload would expect on each kernel's curve (`Workload`):
   - speculative decoding: what `auto` speculation would expect, with the draft's offline acceptance (the
@@ -285,7 +286,7 @@ def settle(name_or_path: str, curves: dict[str, CostCurve], *, device: str = "cp
     targets = []
     for name in names:
         if targets:
-            free, need = memory_available(), 2 * loaded_bytes(targets[0].model)
+            free, need = memory_available(device), 2 * loaded_bytes(targets[0].model)
             if free is None or free < need:
                 log.info("not loading %s beside the others: %s", name, "free memory unknown" if free is None else
                          f"{free / 2**30:.1f} GiB free, {need / 2**30:.1f} GiB wanted")

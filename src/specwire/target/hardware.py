@@ -181,9 +181,11 @@ def _diff(found, expected: dict) -> str:
     return ", ".join(f"{k}: {found.get(k)!r}" for k in names) or "same"
 
 
-def memory_available() -> int | None:
-    """Bytes of memory this machine can still give without swapping (Linux's MemAvailable), or None where it
-    does not say."""
+def memory_available(device: str = "cpu") -> int | None:
+    """Bytes of memory `device` can still give: a GPU's free memory, or on CPU what the machine can give without
+    swapping (Linux's MemAvailable); None where it does not say."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.mem_get_info(torch.device(device))[0]
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -227,7 +229,8 @@ def measure_pass_ms(model, tokens, *, context: int = 256, reps: int = 5, vocab: 
 
 
 @torch.inference_mode()
-def measure_passes_ms(models, tokens, *, context: int = 256, reps: int = 5, vocab: int | None = None) -> list[list[float]]:
+def measure_passes_ms(models, tokens, *, context: int = 256, reps: int = 5,
+                      vocab: int | None = None) -> list[list[float]]:
     """`measure_pass_ms` for several loaded models of one target at once (one list of ms per model, in order),
     timed side by side.
 

@@ -93,20 +93,20 @@ def bf16dot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.T
     N, K = weight.shape
     if x.shape[-1] != K or K % BLOCK_K:
         raise SpecwireError(f"bf16dot: expected inputs of width {K}, a multiple of {BLOCK_K}; found {x.shape[-1]}.")
-    flat = x if x.dim() == 2 else x.reshape(-1, K)  # shape: [M, K]
-    flat = flat if flat.is_contiguous() else flat.contiguous()
+    # a contiguous x [..., K] is M rows of K at its own pointer; y is made in its final shape (`rowdot.rowdot`)
+    x = x if x.is_contiguous() else x.contiguous()
     b = None if bias is None else (bias if bias.is_contiguous() else bias.contiguous()).data_ptr()
-    y = torch.empty(flat.shape[0], N, dtype=torch.bfloat16)  # shape: [M, N]
-    M, threads = flat.shape[0], torch.get_num_threads()
+    y = torch.empty(*x.shape[:-1], N, dtype=torch.bfloat16)  # shape: [..., N]
+    M, threads = x.numel() // K, torch.get_num_threads()
     if not M:
         pass
     elif compact and weight.form == "q4_1":
-        lib.specwire_bf16dot_q4_1(flat.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(),
+        lib.specwire_bf16dot_q4_1(x.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(),
                                   weight.m.data_ptr(), N, b, y.data_ptr(), threads)
     elif compact:
-        lib.specwire_bf16dot_q8_0(flat.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(), N, b,
+        lib.specwire_bf16dot_q8_0(x.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(), N, b,
                                   y.data_ptr(), threads)
     else:
         w = weight if weight.is_contiguous() else weight.contiguous()
-        lib.specwire_bf16dot_bf16(flat.data_ptr(), M, K, w.data_ptr(), N, b, y.data_ptr(), threads)
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
+        lib.specwire_bf16dot_bf16(x.data_ptr(), M, K, w.data_ptr(), N, b, y.data_ptr(), threads)
+    return y

@@ -205,25 +205,25 @@ def rowdot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.Te
     N, K = weight.shape
     if x.shape[-1] != K:
         raise SpecwireError(f"rowdot: expected inputs of width {K}, found {x.shape[-1]}.")
-    # each tensor op costs microseconds, and a draft step makes a handful of these calls: skip the no-op ones
-    flat = x if x.dim() == 2 else x.reshape(-1, K)  # shape: [M, K]
-    flat = flat if flat.is_contiguous() else flat.contiguous()
+    # each tensor op costs microseconds, and a pass makes hundreds of these calls: a contiguous x [..., K] is M rows
+    # of K at its own pointer, and y is made in its final shape, with no reshape or view either side
+    x = x if x.is_contiguous() else x.contiguous()
     b = None if bias is None else (bias if bias.is_contiguous() else bias.contiguous()).data_ptr()
-    y = torch.empty(flat.shape[0], N, dtype=torch.float32)  # shape: [M, N]
-    M, threads = flat.shape[0], torch.get_num_threads()
+    y = torch.empty(*x.shape[:-1], N, dtype=torch.float32)  # shape: [..., N]
+    M, threads = x.numel() // K, torch.get_num_threads()
     if not M:
         pass
     elif compact and weight.form == "q4_1":
-        lib.specwire_rowdot_q4_1(flat.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(),
+        lib.specwire_rowdot_q4_1(x.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(),
                                  weight.m.data_ptr(), N, b, y.data_ptr(), threads)
     elif compact and weight.form == "q8_0":
-        lib.specwire_rowdot_q8_0(flat.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(), N, b,
+        lib.specwire_rowdot_q8_0(x.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(), N, b,
                                  y.data_ptr(), threads)
     else:
         w = weight.codes if compact else weight if weight.is_contiguous() else weight.contiguous()
         fn = lib.specwire_rowdot_bf16w if w.dtype == torch.bfloat16 else lib.specwire_rowdot_f32
-        fn(flat.data_ptr(), M, K, w.data_ptr(), N, b, y.data_ptr(), threads)
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
+        fn(x.data_ptr(), M, K, w.data_ptr(), N, b, y.data_ptr(), threads)
+    return y
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor | None:

@@ -113,12 +113,17 @@ def curve_for_loaded(target: Target, *, reps: int = 5, tokens=PASS_TOKENS, check
     curve = measure_curve(target, kernel, min_rows=linear_min_rows(target.model), tokens=tokens, reps=reps)
     if check:
         curve.invariant = _check(target)
-    key = CacheKey.here(target.spec.fingerprint, target.device.type)
-    try:
-        write_cache(key, specwire_home(), curves={kernel.name: curve})
-    except OSError as e:
-        log.warning("could not cache the cost curve under %s (%s)", specwire_home(), e)
+    _remember(target, [curve])
     return curve
+
+
+def _remember(target: Target, curves: list[CostCurve]) -> None:
+    """Cache `curves`, measured on `target`, under this machine's key (a warning where the cache is not writable)."""
+    try:
+        write_cache(CacheKey.here(target.spec.fingerprint, target.device.type), specwire_home(),
+                    curves={c.kernel: c for c in curves})
+    except OSError as e:
+        log.warning("could not cache the cost curves under %s (%s)", specwire_home(), e)
 
 
 _curves: "weakref.WeakKeyDictionary[torch.nn.Module, CostCurve]" = weakref.WeakKeyDictionary()
@@ -226,7 +231,8 @@ def rank_kernels(curves: dict[str, CostCurve], acceptance: AcceptanceModel,
     return sorted(out, key=lambda r: -r.expected_tokens_per_s)
 
 
-def default_kernel(name_or_path: str, *, device: str = "cpu", progress: bool = True) -> tuple[KernelChoice, list[KernelRanking]]:
+def default_kernel(name_or_path: str, *, device: str = "cpu",
+                   progress: bool = True) -> tuple[KernelChoice, list[KernelRanking]]:
     """The fastest batch-invariant kernel for this target on this machine, by the `REFERENCE` workload (profiling
     missing candidates once, then settling the leaders side by side: `settle`)."""
     from specwire.target.load import target_info
@@ -283,30 +289,23 @@ def settle(name_or_path: str, curves: dict[str, CostCurve], *, device: str = "cp
     if progress and sys.stderr.isatty():
         print(f"specwire: {note}", file=sys.stderr, flush=True)
     log.info(note)
-    targets = []
-    for name in names:
+    kernels, targets = [KernelChoice.parse(n) for n in names], []
+    for kernel in kernels:
         if targets:
             free, need = memory_available(device), 2 * loaded_bytes(targets[0].model)
             if free is None or free < need:
-                log.info("not loading %s beside the others: %s", name, "free memory unknown" if free is None else
-                         f"{free / 2**30:.1f} GiB free, {need / 2**30:.1f} GiB wanted")
+                log.info("not loading %s beside the others: %s", kernel.name, "free memory unknown" if free is None
+                         else f"{free / 2**30:.1f} GiB free, {need / 2**30:.1f} GiB wanted")
                 break
-        kernel = KernelChoice.parse(name)
         targets.append(load_target(name_or_path, device=device, dtype=kernel.dtype, linear=kernel.linear))
     if len(targets) < 2:
         return curves
-    kernels = [kernel_of(t) for t in targets]
-    measured = measure_curves(targets, kernels, min_rows=[linear_min_rows(t.model) for t in targets], reps=reps)
-    out = dict(curves)
+    measured = measure_curves(targets, kernels[:len(targets)], min_rows=[linear_min_rows(t.model) for t in targets],
+                              reps=reps)
     for curve in measured:
         curve.invariant = curves[curve.kernel].invariant
-        out[curve.kernel] = curve
-    try:
-        write_cache(CacheKey.here(targets[0].spec.fingerprint, targets[0].device.type), specwire_home(),
-                    curves={c.kernel: c for c in measured})
-    except OSError as e:
-        log.warning("could not cache the cost curves under %s (%s)", specwire_home(), e)
-    return out
+    _remember(targets[0], measured)
+    return curves | {c.kernel: c for c in measured}
 
 
 def _fingerprint(name_or_path: str) -> str:

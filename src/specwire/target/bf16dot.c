@@ -42,12 +42,10 @@ static inline __attribute__((always_inline)) __m512 rounded(__m512 v) {
     return v;
 }
 
-/* row j's block kb (k = 32 kb ... 32 kb + 31) as 32 bf16 numbers in order of k: the weight's own bf16 numbers, or
- * the block form's float32 weight rebuilt as its GGUF dequantization does, rounded to nearest even */
-static inline __attribute__((always_inline)) __m512bh block32(const int WF, const wsrc *w, int64_t K, int64_t j,
-                                                              int64_t kb) {
-    if (WF == BF16) return (__m512bh)_mm512_loadu_si512((const uint16_t *)w->codes + j * K + 32 * kb);
-    const int64_t b = j * (K / 32) + kb;
+/* block kb (k = 32 kb ... 32 kb + 31) of w's row 0, in a block form (Q4_1, Q8_0), as 32 bf16 numbers in order of k:
+ * the float32 weight rebuilt as its GGUF dequantization does, rounded to nearest even */
+static inline __attribute__((always_inline)) __m512bh block32(const int WF, const wsrc *w, int64_t kb) {
+    const int64_t b = kb;
     const __m512 d = _mm512_set1_ps(w->d[b]);
     if (WF == Q4_1) {
         /* the block's 16 possible weights, one per code q: fl(fl(d * q) + m) rounded to bf16 (the same operations
@@ -67,14 +65,9 @@ static inline __attribute__((always_inline)) __m512bh block32(const int WF, cons
     return _mm512_cvtne2ps_pbh(hi, lo); /* elements 0..15 from lo, 16..31 from hi */
 }
 
-/* ask for row j's block kb + 4 now: a tile reads several short streams at once, more than the prefetcher follows */
-static inline __attribute__((always_inline)) void fetch_ahead(const int WF, const wsrc *w, int64_t K, int64_t j,
-                                                              int64_t kb) {
-    if (WF == BF16) {
-        _mm_prefetch((const char *)((const uint16_t *)w->codes + j * K + 32 * (kb + 4)), _MM_HINT_T0);
-        return;
-    }
-    const int64_t b = j * (K / 32) + kb + 4;
+/* ask for block kb + 4 of w's row 0 (a block form) now: its codes and scales are two or three streams at once */
+static inline __attribute__((always_inline)) void fetch_ahead(const int WF, const wsrc *w, int64_t kb) {
+    const int64_t b = kb + 4;
     _mm_prefetch((const char *)w->codes + (WF == Q4_1 ? 16 : 32) * b, _MM_HINT_T0);
     _mm_prefetch((const char *)(w->d + b), _MM_HINT_T0);
     if (WF == Q4_1) _mm_prefetch((const char *)(w->m + b), _MM_HINT_T0);
@@ -104,18 +97,19 @@ static inline uint16_t narrow(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* y[i, j] for i < R, j < C: x rows ldx apart (bf16), w from its row 0 (form WF), y rows ldy apart. R, C and WF are
- * compile-time constants at every call, so the accumulators live in registers. */
-static inline __attribute__((always_inline)) void tile(const int WF, const int R, const int C, const uint16_t *x,
-                                                       int64_t ldx, const wsrc *w, int64_t K, const uint16_t *bias,
+/* y[i, j] for i < R, j < C: x rows ldx apart, w bf16 rows K apart from its row 0 (the weight itself, with FETCH: ask
+ * for each row's block kb + 4 ahead; or a strip decoded into L1, without), y rows ldy apart, all bf16. R, C and
+ * FETCH are compile-time constants at every call, so the accumulators live in registers. */
+static inline __attribute__((always_inline)) void tile(const int FETCH, const int R, const int C, const uint16_t *x,
+                                                       int64_t ldx, const uint16_t *w, int64_t K, const uint16_t *bias,
                                                        uint16_t *y, int64_t ldy) {
     __m512 a[4][8];
     for (int i = 0; i < R; i++)
         for (int j = 0; j < C; j++) a[i][j] = _mm512_setzero_ps();
     for (int64_t kb = 0; kb < K / 32; kb++)
         for (int j = 0; j < C; j++) {
-            fetch_ahead(WF, w, K, j, kb);
-            const __m512bh wv = block32(WF, w, K, j, kb);
+            if (FETCH) _mm_prefetch((const char *)(w + j * K + 32 * (kb + 4)), _MM_HINT_T0);
+            const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + j * K + 32 * kb);
             for (int i = 0; i < R; i++)
                 a[i][j] = _mm512_dpbf16_ps(a[i][j], (__m512bh)_mm512_loadu_si512(x + i * ldx + 32 * kb), wv);
         }
@@ -134,18 +128,16 @@ static inline __attribute__((always_inline)) wsrc at_row(const int WF, const wsr
     return r;
 }
 
-#define TILE(WF, R, C, w, first)                                                                                \
-    do {                                                                                                        \
-        const wsrc wt = at_row(WF, w, K, n0 - (first));                                                         \
-        tile(WF, R, C, x + m0 * K, K, &wt, K, bias ? bias + n0 : 0, y + m0 * N + n0, N);                        \
-    } while (0)
+/* the R x C tile at rows m0, columns n0, over bf16 rows w that start at column `first` */
+#define TILE(R, C, w, first, FETCH)                                                                             \
+    tile(FETCH, R, C, x + m0 * K, K, (w) + (n0 - (first)) * K, K, bias ? bias + n0 : 0, y + m0 * N + n0, N)
 
-#define ROWS(WF, C, w, first)                                                                                   \
+#define ROWS(C, w, first, FETCH)                                                                                \
     switch (mr) {                                                                                               \
-        case 4: TILE(WF, 4, C, w, first); break;                                                                \
-        case 3: TILE(WF, 3, C, w, first); break;                                                                \
-        case 2: TILE(WF, 2, C, w, first); break;                                                                \
-        default: TILE(WF, 1, C, w, first);                                                                      \
+        case 4: TILE(4, C, w, first, FETCH); break;                                                             \
+        case 3: TILE(3, C, w, first, FETCH); break;                                                             \
+        case 2: TILE(2, C, w, first, FETCH); break;                                                             \
+        default: TILE(1, C, w, first, FETCH);                                                                   \
     }
 
 #define STRIP 4 /* columns a tile of several rows */
@@ -162,13 +154,13 @@ static inline __attribute__((always_inline)) void bf16dot_part(const int WF, con
     for (int64_t b = first_block; b < last_block; b++) {
         const int64_t nb = b * STRIP, nc = N - nb < STRIP ? N - nb : STRIP;
         uint16_t strip[decode ? STRIP * K : 1]; /* the strip's rows decoded, row nb + j at strip + j K */
-        const wsrc decoded = {strip, 0, 0};
+        const uint16_t *weight = (const uint16_t *)w->codes; /* a bf16 weight's own rows */
         if (decode)
             for (int64_t j = 0; j < nc; j++) {
                 const wsrc row = at_row(WF, w, K, nb + j);
                 for (int64_t kb = 0; kb < K / 32; kb++) {
-                    fetch_ahead(WF, &row, K, 0, kb);
-                    _mm512_storeu_si512(strip + j * K + 32 * kb, (__m512i)block32(WF, &row, K, 0, kb));
+                    fetch_ahead(WF, &row, kb);
+                    _mm512_storeu_si512(strip + j * K + 32 * kb, (__m512i)block32(WF, &row, kb));
                 }
             }
         for (int64_t m0 = 0; m0 < M; m0 += 4) {
@@ -176,16 +168,16 @@ static inline __attribute__((always_inline)) void bf16dot_part(const int WF, con
             if (nc == STRIP) {
                 const int64_t n0 = nb;
                 if (decode) {
-                    ROWS(BF16, STRIP, &decoded, nb)
+                    ROWS(STRIP, strip, nb, 0)
                 } else {
-                    ROWS(BF16, STRIP, w, 0)
+                    ROWS(STRIP, weight, 0, 1)
                 }
             } else
                 for (int64_t n0 = nb; n0 < nb + nc; n0++) {
                     if (decode) {
-                        ROWS(BF16, 1, &decoded, nb)
+                        ROWS(1, strip, nb, 0)
                     } else {
-                        ROWS(BF16, 1, w, 0)
+                        ROWS(1, weight, 0, 1)
                     }
                 }
         }

@@ -14,8 +14,8 @@ products read the full bf16 weights (270 MB a pass for the built-in target) and 
 count. This kernel computes every output with one fixed chain of VDPBF16PS over k (its header says why that
 makes each row independent of the others), and reads the built-in target's weights as their GGUF codes (112 MB),
 rebuilt into the model's bf16 weight bitwise (a q4_1 block through a table of its 16 possible weights): a
-one-token step cheaper than float32 rowdot's, and a curve about half as steep. Needs: x86-64 with AVX-512 (F, BW) and AVX512-BF16, a C compiler that takes -mavx512bf16 (gcc
-10+), OpenMP.
+one-token step cheaper than float32 rowdot's, and a curve about half as steep. Needs: x86-64 with AVX-512 (F, BW)
+and AVX512-BF16, a C compiler that takes -mavx512bf16 (gcc 10+), OpenMP.
 """
 
 from __future__ import annotations

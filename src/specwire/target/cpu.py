@@ -1,8 +1,8 @@
 """The CPU this process runs on: its model name and the instruction-set features that decide kernel speed.
 
 Scope: `cpu_model`, `cpu_features`, `native_bf16`, read from /proc/cpuinfo, and `x86_lacks` (why a compiled
-x86-64 kernel needing some features cannot run here). The bottom of the target
-layer: `rowdot` (can its kernels run here?) and `hardware` (the key of a cached cost curve) read it. Does
+x86-64 kernel needing some features cannot run here). The bottom of the target layer: the compiled kernels
+(`rowdot`, `amx`, `bf16dot`: can they run here?) and `hardware` (the key of a cached cost curve) read it. Does
 not measure anything.
 """
 

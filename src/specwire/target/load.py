@@ -344,7 +344,8 @@ def load_target(
     config = read_target_config(path)
     stored = set()  # the checkpoint's tensor dtypes ("F32", "BF16", ...)
     for f in sorted(path.glob("*.safetensors")):
-        stored |= {v.get("dtype") for k, v in safetensors_header(f).items() if k != "__metadata__" and isinstance(v, dict)}
+        stored |= {v.get("dtype") for k, v in safetensors_header(f).items()
+                   if k != "__metadata__" and isinstance(v, dict)}
     device = torch.device(device or default_device())
     dtype = parse_dtype(dtype)
     if linear == "rowdot":

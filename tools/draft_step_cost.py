@@ -6,7 +6,9 @@ the ways it can run its products: nn.Linear, and where the served draft runs row
 a float32 rowdot target, or a bf16 one off AMX), rowdot reading float32 weights, rowdot reading its bf16
 weights (bitwise the same products), and that through `decode.draft_step.ServedStep` (q|k|v and gate|up
 packed into one product each, no module calls: what `load_engine_draft` serves; bitwise the same again), and
-for a bf16 target nn.Linear in bf16 served the same lean way (what such a draft ran before); where the target
+for a bf16 target nn.Linear in bf16 served the same lean way (what such a draft ran before), and where the CPU has
+AVX512-BF16 the served form's products through `bf16dot.split3dot` (each float32 input row split exactly into three
+bf16 rows: what `load_engine_draft` serves there; float32 products summed in another order); where the target
 runs the AMX kernel (bf16), that kernel through the modules and served; elsewhere nn.Linear served. It times
 `decode.engine.draft_step_ms` (one step over w rows after --context cached positions) beside one target
 pass over 1 token after the same context. The forms are interleaved round by round, so a burst of load
@@ -14,8 +16,8 @@ on a shared machine spreads over all of them.
 
 Those steps run back to back, so the draft's weights (about 18 MB in bf16 for the shipped draft) stay in the
 CPU's caches. In decoding they do not: each round's target pass streams the target's weights through the
-caches first. So the served form is also timed as the loop runs it (`in_loop_ms`): a one-token target pass,
-then k one-row draft steps, the draft steps timed, for k = 1..5 (a chain of depth k drafts k steps a round).
+caches first. So the served form (and where it runs split3, the rowdot pass it replaced) is also timed as the
+loop runs it (`in_loop_ms`): a one-token target pass, then k one-row draft steps, the draft steps timed, for k = 1..5 (a chain of depth k drafts k steps a round).
 
     python tools/draft_step_cost.py --threads 2 --dtype float32 --linear rowdot --out docs/bench/draft-step
 
@@ -38,7 +40,7 @@ from specwire.decode.engine import draft_step_ms, load_engine_draft
 from specwire.decode.kernels import describe_features, load_decoding_target
 from specwire.draft.checkpoint import load_draft
 from specwire.safeio import write_json, write_text
-from specwire.target.fastlinear import linear_kind, rowdot_linears
+from specwire.target.fastlinear import RowDotLinear, linear_kind, rowdot_linears
 from specwire.target.hardware import measure_pass_ms
 
 WIDTHS = (1, 2, 3, 4)
@@ -83,20 +85,34 @@ def forms(draft_name: str, target) -> dict:
         d.attach_embeddings(target.parts.embed)
         return d
 
+    def rowdot_draft():  # what the engine served before the three-part products: rowdot over the bf16 weights
+        d = load_engine_draft(draft_name, target)
+        for m in d.modules():
+            if isinstance(m, RowDotLinear):
+                m.split3, m.pad_k = None, 0
+        return d
+
     out = {"nn.Linear": module_draft(target.dtype)}
     kernel = draft_kernel(target)
     if kernel == "rowdot":
         f32 = module_draft(torch.float32)
         rowdot_linears(f32)
         out["rowdot, float32 weights"] = f32
-        modules = load_engine_draft(draft_name, target)
+        modules = rowdot_draft()
         modules.served = None  # the proposer runs Eagle3Draft.step
         out["rowdot, bf16 weights, through the modules"] = modules
         if target.dtype != torch.float32:  # a bf16 target off AMX: its own dtype's lean pass, for comparison
             lean = module_draft(target.dtype)
             lean.served = ServedStep.build(lean)
             out[f"nn.Linear in {str(target.dtype).removeprefix('torch.')}, packed, lean pass"] = lean
-        out["rowdot, bf16 weights, packed, lean pass (served)"] = load_engine_draft(draft_name, target)
+        served = load_engine_draft(draft_name, target)
+        if any(isinstance(m, RowDotLinear) and m.split3 is not None for m in served.modules()):
+            lean = rowdot_draft()
+            lean.served = ServedStep.build(lean)
+            out["rowdot, bf16 weights, packed, lean pass"] = lean
+            out["three-part bf16 products, packed, lean pass (served)"] = served
+        else:
+            out["rowdot, bf16 weights, packed, lean pass (served)"] = served
     elif kernel == "amx":
         modules = load_engine_draft(draft_name, target)
         modules.served = None  # the proposer runs Eagle3Draft.step
@@ -123,11 +139,13 @@ def main(argv=None) -> int:
     drafts = forms(args.draft, target)
     step: list[float] = []
     draft_ms: dict[str, dict[int, list[float]]] = {name: {w: [] for w in WIDTHS} for name in drafts}
-    served_name, served = list(drafts.items())[-1]  # the last form: what decoding serves
-    loop_ms: dict[int, list[float]] = {k: [] for k in CHAIN_STEPS}
+    # in the loop: the served form (the last), and the lean rowdot pass it replaced where it runs split3
+    looped = dict(list(drafts.items())[-2 if "three-part" in list(drafts)[-1] else -1:])
+    loop_ms: dict[str, dict[int, list[float]]] = {name: {k: [] for k in CHAIN_STEPS} for name in looped}
     for _ in range(args.rounds):
-        for k, ms in in_loop_ms(served, target, context=args.context).items():
-            loop_ms[k].append(ms)
+        for name, d in looped.items():
+            for k, ms in in_loop_ms(d, target, context=args.context).items():
+                loop_ms[name][k].append(ms)
         step.append(measure_pass_ms(target.model, [1], context=args.context, reps=5)[0])
         for name, d in drafts.items():
             engine._draft_costs.pop(d, None)  # measure again every round
@@ -135,7 +153,7 @@ def main(argv=None) -> int:
                 draft_ms[name][w].append(ms)
     target_ms = statistics.median(step)
     rows = {name: {w: statistics.median(v) for w, v in by_w.items()} for name, by_w in draft_ms.items()}
-    loop = {k: statistics.median(v) for k, v in loop_ms.items()}
+    loop = {name: {k: statistics.median(v) for k, v in by_k.items()} for name, by_k in loop_ms.items()}
     kernel = f"{str(target.dtype).removeprefix('torch.')}/{linear_kind(target.model)}"
     lines = [f"# One draft step against one target step ({args.draft} on {args.target})", "",
              f"- machine: {describe_features()}; {args.threads} threads; target kernel {kernel}",
@@ -145,13 +163,15 @@ def main(argv=None) -> int:
              + " | 1 row / target step |", "|---|" + "---:|" * (len(WIDTHS) + 1)]
     for name, by_w in rows.items():
         lines.append(f"| {name} | " + " | ".join(f"{by_w[w]:.2f}" for w in WIDTHS) + f" | {by_w[1] / target_ms:.3f} |")
-    lines += ["", f"In the decoding loop ({served_name}): k one-row steps right after a one-token target pass, "
-              "which evicts the draft's weights from the caches; the steps above run back to back, warm.", "",
-              "| draft steps per round (k) | " + " | ".join(str(k) for k in CHAIN_STEPS) + " |",
-              "|---|" + "---:|" * len(CHAIN_STEPS),
-              "| ms for the k steps | " + " | ".join(f"{loop[k]:.2f}" for k in CHAIN_STEPS) + " |",
-              "| ms per step | " + " | ".join(f"{loop[k] / k:.2f}" for k in CHAIN_STEPS) + " |",
-              "| per step / target step | " + " | ".join(f"{loop[k] / k / target_ms:.3f}" for k in CHAIN_STEPS) + " |"]
+    lines += ["", "In the decoding loop: k one-row steps right after a one-token target pass, which evicts the draft's "
+              "weights from the caches (the steps above run back to back, warm); forms interleaved round by round.", "",
+              "| form | draft steps per round (k) | " + " | ".join(str(k) for k in CHAIN_STEPS) + " |",
+              "|---|---|" + "---:|" * len(CHAIN_STEPS)]
+    for name, by_k in loop.items():
+        lines += [f"| {name} | ms for the k steps | " + " | ".join(f"{by_k[k]:.2f}" for k in CHAIN_STEPS) + " |",
+                  f"| {name} | ms per step | " + " | ".join(f"{by_k[k] / k:.2f}" for k in CHAIN_STEPS) + " |",
+                  f"| {name} | per step / target step | "
+                  + " | ".join(f"{by_k[k] / k / target_ms:.3f}" for k in CHAIN_STEPS) + " |"]
     lines += ["", f"Command: `python tools/draft_step_cost.py --threads {args.threads} --dtype {args.dtype} "
               f"--linear {args.linear} --context {args.context} --rounds {args.rounds} --out {args.out}`", ""]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -159,7 +179,7 @@ def main(argv=None) -> int:
     write_json(args.out / "results.json", {"target_ms": target_ms, "target_ms_rounds": step, "kernel": kernel,
                                            "threads": args.threads, "context": args.context,
                                            "machine": describe_features(), "draft_ms": rows,
-                                           "in_loop_ms": {"form": served_name, "ms_by_steps": loop}})
+                                           "in_loop_ms": loop})
     print("\n".join(lines))
     return 0
 

@@ -160,3 +160,43 @@ def test_refused_with_the_reason_where_it_cannot_run(tiny_target, monkeypatch):
         load_target(tiny_target("llama"), device="cpu", dtype="bfloat16", linear="rowdot")
     with pytest.raises(SpecwireError, match="float32 and bf16 CPU kernel"):
         load_target(tiny_target("llama"), device="cpu", dtype="float16", linear="rowdot")
+
+
+# ---- three-part products: a float32 input split exactly into bf16 parts (a served draft's products) -----------
+
+@pytest.mark.parametrize("n,k", [(67, 96), (8, 32), (130, 576)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_three_part_rows_are_independent_and_as_exact_as_float32_products(n, k, bias):
+    g = torch.Generator().manual_seed(n + k)
+    w = (torch.randn(n, k, generator=g) * 0.05).bfloat16()
+    b = torch.randn(n, generator=g) if bias else None
+    x = torch.randn(17, k, generator=g)
+    single = [bf16dot.split3dot(x[i:i + 1], w, b) for i in range(17)]
+    for m in range(1, 18):
+        y = bf16dot.split3dot(x[:m], w, b)
+        assert y.dtype == torch.float32
+        assert all(torch.equal(y[i:i + 1], single[i]) for i in range(m)), f"n={n} k={k}: rows differ at M={m}"
+    ref = x.double() @ w.double().T + (b.double() if bias else 0)  # shape: [17, n]
+    scale = x.double().abs() @ w.double().abs().T + (b.double().abs() if bias else 0)  # the terms' size
+    err = (bf16dot.split3dot(x, w, b).double() - ref).abs()
+    assert (err <= 4 * k * 2 ** -24 * scale).all()  # float32 sums of exact products: no bf16 rounding of x
+    assert (err > 2 ** -8 * scale).sum() == 0  # where rounding x to bf16 would show
+
+
+def test_the_three_parts_sum_to_the_input_exactly():
+    """Through an identity weight each output is hi + mid + lo of one input, in the kernel's order: bitwise the
+    input, over forty decades of magnitude."""
+    k = 64
+    x = torch.randn(5, k) * torch.logspace(-20, 20, k)
+    eye = torch.eye(k).bfloat16()
+    assert torch.equal(bf16dot.split3dot(x, eye), x)
+
+
+def test_three_part_products_refuse_what_they_do_not_compute():
+    w = torch.randn(8, 32).bfloat16()
+    with pytest.raises(SpecwireError, match="float32 inputs"):
+        bf16dot.split3dot(torch.randn(2, 32).bfloat16(), w)
+    with pytest.raises(SpecwireError, match="float32 inputs"):
+        bf16dot.split3dot(torch.randn(2, 32), w.float())
+    with pytest.raises(SpecwireError, match="multiple of 32"):
+        bf16dot.split3dot(torch.randn(2, 40), torch.randn(8, 40).bfloat16())

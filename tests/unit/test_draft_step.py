@@ -20,7 +20,9 @@ from specwire.decode.draft_step import ServedStep
 from specwire.decode.engine import SpecConfig, load_engine_draft
 from specwire.decode.proposer import EagleProposer, causal_prefix_mask
 from specwire.decode.sampling import SamplingParams
+from specwire.draft.checkpoint import load_draft, save_draft
 from specwire.draft.model import Eagle3Draft, RMSNorm
+from specwire.target import bf16dot
 from specwire.target.fastlinear import RowDotLinear, concat_linears, rowdot_linears
 from specwire.target.load import load_target
 
@@ -59,11 +61,18 @@ def test_the_served_pass_proposes_what_the_modules_do(tiny_target, tmp_path, lin
         assert torch.equal(x, y)
 
 
-@pytest.mark.parametrize("linear, dtype", [("rowdot", "float32"), ("torch", "float32"), ("torch", "bfloat16")])
-def test_the_served_pass_is_bitwise_the_modules_pass(tiny_target, tmp_path, linear, dtype):
-    """Prompt rows under a causal mask, one chain row, tree rows under an ancestry mask: logits and hidden."""
+@pytest.mark.parametrize("linear, dtype, stored", [("rowdot", "float32", "float32"), ("rowdot", "float32", "bfloat16"),
+                                                   ("torch", "float32", "float32"), ("torch", "bfloat16", "float32")])
+def test_the_served_pass_is_bitwise_the_modules_pass(tiny_target, tmp_path, linear, dtype, stored):
+    """Prompt rows under a causal mask, one chain row, tree rows under an ancestry mask: logits and hidden. A draft
+    stored in bf16 beside a rowdot target runs the three-part bf16 products where the CPU has AVX512-BF16
+    (`bf16dot.split3dot`), whose rows are independent of the rows beside them too."""
     target = load_target(tiny_target("llama"), device="cpu", dtype=dtype, linear=linear)
     ckpt = random_tiny_draft(target, tmp_path / "d", draft_vocab_size=64)
+    if stored == "bfloat16":
+        ckpt = save_draft(load_draft(ckpt), tmp_path / "d16", dtype=torch.bfloat16)
+        layers = [m for m in load_engine_draft(ckpt, target).modules() if isinstance(m, RowDotLinear)]
+        assert layers and all((m.split3 is not None) == bf16dot.available()[0] for m in layers)
     draft = load_engine_draft(ckpt, target)
     c = draft.config
     served = EagleProposer(draft, capacity=4)
@@ -119,7 +128,6 @@ def test_products_of_other_kinds_or_mixed_kinds_are_not_packed():
 
 
 def test_a_biased_draft_layer_packs_its_biases(tiny_target, tmp_path):
-    from specwire.draft.checkpoint import load_draft
 
     target = load_target(tiny_target("llama"), device="cpu", dtype="float32", linear="rowdot")
     base = load_draft(random_tiny_draft(target, tmp_path / "d", draft_vocab_size=64))

@@ -147,17 +147,25 @@ def test_the_engine_draft_takes_the_targets_kernel(tiny_target, tmp_path):
     h = torch.randn(1, 3, a.config.hidden_size)
     with torch.no_grad():
         torch.testing.assert_close(b.lm_head(h), a.lm_head(h), rtol=1e-5, atol=1e-5)
-    # float32 weights that are not bf16 numbers are read as they are; a draft stored in bf16 is read as bf16,
-    # with bitwise the products of its float32 form
-    assert all(m.compact is None for m in b.modules() if isinstance(m, RowDotLinear))
+    # float32 weights that are not bf16 numbers are read as they are; a draft stored in bf16 is read as bf16: where
+    # the CPU has AVX512-BF16, through the three-part bf16 products (float32 products as exact, summed in another
+    # fixed order), elsewhere through rowdot, with bitwise the products of its float32 form
+    assert all(m.compact is None and m.split3 is None for m in b.modules() if isinstance(m, RowDotLinear))
     stored = save_draft(load_draft(ckpt), tmp_path / "d16", dtype=torch.bfloat16)
     c = load_engine_draft(stored, fast)
     layers = [m for m in c.modules() if isinstance(m, RowDotLinear)]
     assert layers and all(m.compact is not None and m.compact.form == "bf16" for m in layers)
+    split3 = bf16dot_mod.available()[0]
+    assert all((m.split3 is not None) == split3 for m in layers)
     with torch.no_grad():
         for m in layers:
             x = torch.randn(3, m.in_features)
-            assert torch.equal(m(x), rowdot(x, m.weight, m.bias))
+            exact = rowdot(x, m.weight, m.bias)
+            if split3:
+                assert torch.equal(m(x), bf16dot_mod.split3dot(x, m.weight.detach().bfloat16(), m.bias))
+                torch.testing.assert_close(m(x), exact, rtol=1e-5, atol=1e-5)
+            else:
+                assert torch.equal(m(x), exact)
 
 
 
@@ -177,7 +185,9 @@ def test_a_bf16_target_off_amx_serves_a_rowdot_draft_and_stays_lossless(tiny_tar
     draft = load_engine_draft(stored, target)
     assert draft_kernel(target) == "rowdot" and linear_kind(draft) == "rowdot"
     assert draft.fc.weight.dtype == torch.float32 and draft.served is not None
-    assert all(m.compact is not None and m.compact.form == "bf16" for m in draft.modules() if isinstance(m, RowDotLinear))
+    layers = [m for m in draft.modules() if isinstance(m, RowDotLinear)]
+    assert all(m.compact is not None and m.compact.form == "bf16" for m in layers)
+    assert all((m.split3 is not None) == bf16dot_mod.available()[0] for m in layers)  # on AVX512-BF16: split3
     fp32 = load_target(path, device="cpu", dtype="float32")
     assert draft_kernel(fp32) == "torch"  # a float32 target on nn.Linear keeps the reference module draft
     for n_prompt in (3, 40):

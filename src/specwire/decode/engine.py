@@ -69,7 +69,8 @@ from typing import Callable
 import torch
 
 from specwire.target.capture import capture_hooks
-from specwire.target.fastlinear import amx_linears, linear_kind, rowdot_linears
+from specwire.target.bf16dot import available as bf16dot_available
+from specwire.target.fastlinear import amx_linears, linear_kind, rowdot_linears, split3_linears
 from specwire.target.hardware import synchronize
 from specwire.target.kvcache import decoding_cache
 from specwire.target.passes import padded_pass, pass_rows
@@ -176,6 +177,8 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
     draft.attach_embeddings(target.parts.embed)  # (the draft casts what it reads from the target to its own dtype)
     if kernel == "rowdot":  # a draft stored in bf16 is read as bf16: exactly the same products at half the bytes
         rowdot_linears(draft, forms=("bf16",))
+        if target.device.type == "cpu" and bf16dot_available()[0]:  # float32 inputs split exactly into bf16 parts
+            split3_linears(draft)
     elif kernel == "amx":
         amx_linears(draft)
     draft.served = ServedStep.build(draft)  # the decoding pass: packed products, fewer ops (`decode.draft_step`)

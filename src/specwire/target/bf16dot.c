@@ -11,6 +11,14 @@
  * it the same way gives the model's bf16 weight exactly (specwire/target/compact.py packs the codes, and the
  * module checks every element against the model's weight before it trusts them).
  *
+ * And one float32 product for a draft (`specwire_bf16dot_split3`): y[m, n] = sum_k x[m, k] * w[n, k] + bias[n], x,
+ * bias and y float32, w bf16. Each input row is first split into three bf16 rows whose sum is the row exactly (hi =
+ * bf16(x), mid = bf16(x - hi), lo = x - hi - mid, which fits bf16: a float32 has 24 significant bits, each part
+ * takes 8), and the three go through the same chain one after the other for each 32 k. The products are exact in
+ * float32 (8-bit by 8-bit significands), so this is a float32 dot product over bf16 weights, summed in another fixed
+ * order than float32 rowdot's (not bitwise rowdot's, but as exact; parts below float32's normal range flush to
+ * zero), at the bf16 kernel's cost of reading a weight: one 64-byte load for 32 k, not rowdot's widening shuffles.
+ *
  * The one rule: every output is the same chain of operations whatever the number of rows M, the row m, the tile
  * or the thread. One 16-lane float32 accumulator takes k in steps of 32 by VDPBF16PS (lane l adds the products of
  * k = 32i + 2l and 32i + 2l + 1, each exact in float32, in the instruction's fixed order, with denormals flushed),
@@ -97,12 +105,14 @@ static inline uint16_t narrow(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* y[i, j] for i < R, j < C: x rows ldx apart, w bf16 rows K apart from its row 0 (the weight itself, with FETCH: ask
- * for each row's block kb + 4 ahead; or a strip decoded into L1, without), y rows ldy apart, all bf16. R, C and
- * FETCH are compile-time constants at every call, so the accumulators live in registers. */
-static inline __attribute__((always_inline)) void tile(const int FETCH, const int R, const int C, const uint16_t *x,
-                                                       int64_t ldx, const uint16_t *w, int64_t K, const uint16_t *bias,
-                                                       uint16_t *y, int64_t ldy) {
+/* y[i, j] for i < R, j < C: x rows ldx apart, each PARTS bf16 rows K apart (1: a bf16 input; 3: a float32 input's
+ * exact parts, added one after the other each 32 k), w bf16 rows K apart from its row 0 (the weight itself, with
+ * FETCH: ask for each row's block kb + 4 ahead; or a strip decoded into L1, without), y rows ldy apart: bf16 for
+ * one part, float32 for three, and the bias likewise. R, C, PARTS and FETCH are compile-time constants at every
+ * call, so the accumulators live in registers. */
+static inline __attribute__((always_inline)) void tile(const int FETCH, const int PARTS, const int R, const int C,
+                                                       const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t K,
+                                                       const void *bias, void *y, int64_t ldy) {
     __m512 a[4][8];
     for (int i = 0; i < R; i++)
         for (int j = 0; j < C; j++) a[i][j] = _mm512_setzero_ps();
@@ -111,12 +121,17 @@ static inline __attribute__((always_inline)) void tile(const int FETCH, const in
             if (FETCH) _mm_prefetch((const char *)(w + j * K + 32 * (kb + 4)), _MM_HINT_T0);
             const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + j * K + 32 * kb);
             for (int i = 0; i < R; i++)
-                a[i][j] = _mm512_dpbf16_ps(a[i][j], (__m512bh)_mm512_loadu_si512(x + i * ldx + 32 * kb), wv);
+                for (int p = 0; p < PARTS; p++)
+                    a[i][j] = _mm512_dpbf16_ps(a[i][j], (__m512bh)_mm512_loadu_si512(x + i * ldx + p * K + 32 * kb),
+                                               wv);
         }
     for (int i = 0; i < R; i++)
         for (int j = 0; j < C; j++) {
             const float r = fold16(a[i][j]);
-            y[i * ldy + j] = narrow(bias ? r + widen(bias[j]) : r);
+            if (PARTS == 1)
+                ((uint16_t *)y)[i * ldy + j] = narrow(bias ? r + widen(((const uint16_t *)bias)[j]) : r);
+            else
+                ((float *)y)[i * ldy + j] = bias ? r + ((const float *)bias)[j] : r;
         }
 }
 
@@ -128,9 +143,11 @@ static inline __attribute__((always_inline)) wsrc at_row(const int WF, const wsr
     return r;
 }
 
-/* the R x C tile at rows m0, columns n0, over bf16 rows w that start at column `first` */
+/* the R x C tile at rows m0, columns n0, over bf16 rows w that start at column `first` (bias and y: bf16 numbers
+ * for one part, float32 for three) */
 #define TILE(R, C, w, first, FETCH)                                                                             \
-    tile(FETCH, R, C, x + m0 * K, K, (w) + (n0 - (first)) * K, K, bias ? bias + n0 : 0, y + m0 * N + n0, N)
+    tile(FETCH, PARTS, R, C, x + m0 * PARTS * K, PARTS * K, (w) + (n0 - (first)) * K, K,                        \
+         bias ? (const char *)bias + n0 * (PARTS == 1 ? 2 : 4) : 0, (char *)y + (m0 * N + n0) * (PARTS == 1 ? 2 : 4), N)
 
 #define ROWS(C, w, first, FETCH)                                                                                \
     switch (mr) {                                                                                               \
@@ -144,10 +161,10 @@ static inline __attribute__((always_inline)) wsrc at_row(const int WF, const wsr
 
 /* this thread's share (`part` of `parts`) of the column strips: strips of STRIP columns, each decoded once into
  * bf16 (on the stack, STRIP * K * 2 bytes: in L1 for common K) unless the weight is bf16 already, then tiles of up
- * to 4 rows over it. */
-static inline __attribute__((always_inline)) void bf16dot_part(const int WF, const uint16_t *x, int64_t M, int64_t K,
-                                                               const wsrc *w, int64_t N, const uint16_t *bias,
-                                                               uint16_t *y, int part, int parts) {
+ * to 4 rows over it. x: M rows of PARTS bf16 rows of K; bias and y as `tile` takes them. */
+static inline __attribute__((always_inline)) void bf16dot_part(const int WF, const int PARTS, const uint16_t *x,
+                                                               int64_t M, int64_t K, const wsrc *w, int64_t N,
+                                                               const void *bias, void *y, int part, int parts) {
     const int64_t blocks = (N + STRIP - 1) / STRIP, share = (blocks + parts - 1) / parts;
     const int64_t first_block = part * share, last_block = first_block + share < blocks ? first_block + share : blocks;
     const int decode = WF != BF16;
@@ -186,7 +203,7 @@ static inline __attribute__((always_inline)) void bf16dot_part(const int WF, con
 
 #define PARALLEL(WF, src)                                                                                       \
     _Pragma("omp parallel num_threads(threads)")                                                                \
-    bf16dot_part(WF, x, M, K, &src, N, bias, y, omp_get_thread_num(), omp_get_num_threads())
+    bf16dot_part(WF, 1, x, M, K, &src, N, bias, y, omp_get_thread_num(), omp_get_num_threads())
 
 /* x bf16 [M, K], w bf16 [N, K], bias bf16 [N] or NULL, y bf16 [M, N]; K % 32 == 0 */
 void specwire_bf16dot_bf16(const uint16_t *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
@@ -209,4 +226,22 @@ void specwire_bf16dot_q8_0(const uint16_t *x, int64_t M, int64_t K, const int8_t
     PARALLEL(Q8_0, src);
 }
 
-int specwire_bf16dot_abi(void) { return 1; }
+/* x float32 [M, K], w bf16 [N, K], bias float32 [N] or NULL, y float32 [M, N]; parts: room for the bf16 parts of x,
+ * [M, 3, K], written here; K % 32 == 0 */
+void specwire_bf16dot_split3(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, const float *bias,
+                             float *y, uint16_t *parts, int threads) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K; k++) {
+            const float v = x[m * K + k];
+            const uint16_t hi = narrow(v), mid = narrow(v - widen(hi)); /* both differences are exact */
+            uint16_t *row = parts + 3 * m * K;
+            row[k] = hi;
+            row[K + k] = mid;
+            row[2 * K + k] = narrow(v - widen(hi) - widen(mid)); /* at most 8 significant bits: exact */
+        }
+    const wsrc src = {w, 0, 0};
+    _Pragma("omp parallel num_threads(threads)")
+    bf16dot_part(BF16, 3, parts, M, K, &src, N, bias, y, omp_get_thread_num(), omp_get_num_threads());
+}
+
+int specwire_bf16dot_abi(void) { return 2; }

@@ -34,7 +34,7 @@ from specwire.target.compact import CompactWeight
 SOURCE = Path(__file__).with_name("bf16dot.c")
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-fopenmp", "-fPIC", "-shared")
 FEATURES = ("avx512_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq")
-ABI = 1  # `specwire_bf16dot_abi()` of the source this module calls
+ABI = 2  # `specwire_bf16dot_abi()` of the source this module calls
 BLOCK_K = 32  # the weight's k must be a multiple of this (`fastlinear.RowDotLinear` pads a bf16 weight)
 
 
@@ -60,7 +60,9 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     lib.specwire_bf16dot_bf16.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, i32]
     lib.specwire_bf16dot_q4_1.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i32]
     lib.specwire_bf16dot_q8_0.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i32]
-    for fn in (lib.specwire_bf16dot_bf16, lib.specwire_bf16dot_q4_1, lib.specwire_bf16dot_q8_0):
+    lib.specwire_bf16dot_split3.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ptr, i32]
+    for fn in (lib.specwire_bf16dot_bf16, lib.specwire_bf16dot_q4_1, lib.specwire_bf16dot_q8_0,
+               lib.specwire_bf16dot_split3):
         fn.restype = None
     return lib, ""
 
@@ -109,4 +111,30 @@ def bf16dot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.T
     else:
         w = weight if weight.is_contiguous() else weight.contiguous()
         lib.specwire_bf16dot_bf16(x.data_ptr(), M, K, w.data_ptr(), N, b, y.data_ptr(), threads)
+    return y
+
+
+def split3dot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N]: float32 x, bias and output, a bf16 weight, on CPU. Each
+    input row goes through the kernel as three bf16 rows that sum to it exactly (`bf16dot.c` says how), so the
+    products are exact and only the order of the float32 sum differs from `rowdot.rowdot` over the same weight; each
+    row is still bitwise independent of how many rows the call holds. For a served draft, which needs float32
+    inputs, not rowdot's bitwise sums. K must be a multiple of 32. No autograd."""
+    lib = library()
+    if (x.dtype != torch.float32 or x.device.type != "cpu" or weight.dtype != torch.bfloat16
+            or (bias is not None and bias.dtype != torch.float32)):
+        raise SpecwireError(f"split3dot: expected float32 inputs (and bias) on CPU with a bf16 weight, found {x.dtype} "
+                            f"on {x.device} with a {weight.dtype} weight.")
+    N, K = weight.shape
+    if x.shape[-1] != K or K % BLOCK_K:
+        raise SpecwireError(f"split3dot: expected inputs of width {K}, a multiple of {BLOCK_K}; found {x.shape[-1]}.")
+    x = x if x.is_contiguous() else x.contiguous()
+    w = weight if weight.is_contiguous() else weight.contiguous()
+    b = None if bias is None else (bias if bias.is_contiguous() else bias.contiguous()).data_ptr()
+    y = torch.empty(*x.shape[:-1], N)  # shape: [..., N]
+    M = x.numel() // K
+    if M:
+        parts = torch.empty(M, 3, K, dtype=torch.bfloat16)  # the kernel writes each row's three parts here
+        lib.specwire_bf16dot_split3(x.data_ptr(), M, K, w.data_ptr(), N, b, y.data_ptr(), parts.data_ptr(),
+                                    torch.get_num_threads())
     return y

@@ -2,7 +2,7 @@
 
 Scope: the `PretransposedLinear`, `OneDNNLinear`, `RowDotLinear`, `AmxLinear` and `RowPaddedLinear` modules,
 and `pretranspose_linears` / `onednn_linears` /
-`rowdot_linears` / `bf16_rowdot_linears` / `amx_linears` / `pad_linear_rows`, which swap a model's
+`rowdot_linears` / `bf16_rowdot_linears` / `split3_linears` / `amx_linears` / `pad_linear_rows`, which swap a model's
 `nn.Linear` layers for them in place,
 `concat_linears`, which packs products that read the same input into one, and `linear_kind`, which names
 what a model runs. Does not own model loading
@@ -28,7 +28,9 @@ as in the built-in target) has the kernel read that form: same products bitwise,
 on a CPU with AVX512-BF16 (`--dtype bfloat16 --linear rowdot`) the same module computes through
 `target.bf16dot`: bf16 products by one fixed chain of VDPBF16PS, reading the GGUF codes of the float32 weight
 each bf16 weight was rounded from, where they rebuild it bitwise (`bf16_rowdot_linears` checks every
-element), else the bf16 weight.
+element), else the bf16 weight. A served draft, float32 over bf16 weights, computes through the same kernel with
+each input row split exactly into three bf16 rows (`split3_linears`): products as exact as rowdot's, summed in
+another fixed order, a one-row product a third cheaper (the draft needs no bitwise sums: `decode.draft_step`).
 
 oneDNN (`--linear onednn`, bf16 on a CPU whose torch has oneDNN): nn.Linear's maths through oneDNN with
 the weight reordered once, at load, into the library's own blocked layout. `F.linear` hands oneDNN a plain
@@ -65,7 +67,7 @@ import torch.nn.functional as F
 from specwire.errors import SpecwireError
 from specwire.target.amx import BLOCK_K, BLOCK_N, library as amx_library, product as amx_product
 from specwire.target.attention import MAX_INVARIANT_QUERIES
-from specwire.target.bf16dot import bf16dot as _bf16dot
+from specwire.target.bf16dot import bf16dot as _bf16dot, split3dot as _split3dot
 from specwire.target.compact import CompactWeight, pack
 from specwire.target.rowdot import rowdot
 
@@ -279,6 +281,7 @@ class RowDotLinear(nn.Module):
 
     stock = False
     bf16: torch.Tensor | CompactWeight | None = None  # what `target.bf16dot` reads in a bf16 model (`serve_bf16`)
+    split3: torch.Tensor | None = None  # the bf16 weight `bf16dot.split3dot` reads in a served draft (`serve_split3`)
     pad_k = 0  # zeros appended to each input row for it (a bf16 weight whose K is not a multiple of 32)
 
     def __init__(self, linear: nn.Linear, *, forms: tuple[str, ...] = ()):
@@ -309,18 +312,35 @@ class RowDotLinear(nn.Module):
         self.pad_k = -self.in_features % K32
         self.bf16 = F.pad(w, (0, self.pad_k)).contiguous() if self.pad_k else w
 
+    def serve_split3(self) -> bool:
+        """Compute through `target.bf16dot.split3dot` where this float32 layer's weight holds bf16 numbers (its compact
+        form is bf16): float32 products as exact as rowdot's, summed in another fixed order, at the bf16 kernel's cost
+        of reading the weight. For a served draft only, which needs no bitwise sums (`decode.draft_step`). Returns
+        whether it does; the weight is zero-padded to a multiple of 32 k."""
+        from specwire.target.bf16dot import BLOCK_K as K32
+
+        if self.compact is None or self.compact.form != "bf16" or self.compact.codes.device.type != "cpu":
+            return False
+        self.pad_k = -self.in_features % K32
+        w = self.compact.codes
+        self.split3 = F.pad(w, (0, self.pad_k)).contiguous() if self.pad_k else w
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
         if (self.stock or x.numel() > MAX_INVARIANT_QUERIES * x.shape[-1]
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
         if self.bf16 is not None:
             return _bf16dot(F.pad(x, (0, self.pad_k)) if self.pad_k else x, self.bf16, self.bias)
+        if self.split3 is not None:
+            return _split3dot(F.pad(x, (0, self.pad_k)) if self.pad_k else x, self.split3, self.bias)
         return rowdot(x, self.weight if self.compact is None else self.compact, self.bias)
 
     def extra_repr(self) -> str:
         source = self.bf16 if self.bf16 is not None else self.compact
         form = source.form if isinstance(source, CompactWeight) else "bf16" if self.bf16 is not None else \
             "float32" if self.compact is None else self.compact.form
+        form += " in three-part bf16 products" if self.split3 is not None else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, " \
                f"weights={form}"
 
@@ -349,6 +369,20 @@ class AmxLinear(nn.Module):
         if pad_n or pad_k or not linear.weight.is_contiguous():
             self.padded = F.pad(linear.weight.detach(), (0, pad_k, 0, pad_n)).contiguous()  # shape: [N16, K32]
         self.padded_bias = None if linear.bias is None else F.pad(linear.bias.detach(), (0, pad_n)).contiguous()
+
+    def serve_split3(self) -> bool:
+        """Compute through `target.bf16dot.split3dot` where this float32 layer's weight holds bf16 numbers (its compact
+        form is bf16): float32 products as exact as rowdot's, summed in another fixed order, at the bf16 kernel's cost
+        of reading the weight. For a served draft only, which needs no bitwise sums (`decode.draft_step`). Returns
+        whether it does; the weight is zero-padded to a multiple of 32 k."""
+        from specwire.target.bf16dot import BLOCK_K as K32
+
+        if self.compact is None or self.compact.form != "bf16" or self.compact.codes.device.type != "cpu":
+            return False
+        self.pad_k = -self.in_features % K32
+        w = self.compact.codes
+        self.split3 = F.pad(w, (0, self.pad_k)).contiguous() if self.pad_k else w
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
         if (self.stock or x.numel() > MAX_INVARIANT_QUERIES * x.shape[-1] or x.dtype != torch.bfloat16
@@ -382,7 +416,10 @@ def concat_linears(linears: list[nn.Module]) -> nn.Module | None:
         linear.bias = nn.Parameter(bias, requires_grad=False)
     if isinstance(linears[0], RowDotLinear):
         packed = all(m.compact is not None for m in linears)
-        return RowDotLinear(linear, forms=linears[0].forms if packed else ())
+        out = RowDotLinear(linear, forms=linears[0].forms if packed else ())
+        if all(m.split3 is not None for m in linears):
+            out.serve_split3()
+        return out
     return AmxLinear(linear) if isinstance(linears[0], AmxLinear) else linear
 
 
@@ -404,6 +441,13 @@ def rowdot_linears(model: nn.Module, *, forms: tuple[str, ...] = ()) -> int:
     model converted from GGUF) reads it in that form, with bitwise the same products. The caller checks
     `target.rowdot.available()` first."""
     return _swap_linears(model, lambda linear: RowDotLinear(linear, forms=forms))
+
+
+def split3_linears(model: nn.Module) -> int:
+    """Make every `RowDotLinear` under `model` that reads a bf16 form compute through `bf16dot.split3dot`
+    (`RowDotLinear.serve_split3`); returns how many do. For a served draft; the caller checks
+    `target.bf16dot.available()` first."""
+    return sum(m.serve_split3() for m in model.modules() if isinstance(m, RowDotLinear))
 
 
 def bf16_rowdot_linears(model: nn.Module, float32_model: nn.Module | None) -> int:

@@ -17,7 +17,8 @@ on a shared machine spreads over all of them.
 Those steps run back to back, so the draft's weights (about 18 MB in bf16 for the shipped draft) stay in the
 CPU's caches. In decoding they do not: each round's target pass streams the target's weights through the
 caches first. So the served form (and where it runs split3, the rowdot pass it replaced) is also timed as the
-loop runs it (`in_loop_ms`): a one-token target pass, then k one-row draft steps, the draft steps timed, for k = 1..5 (a chain of depth k drafts k steps a round).
+loop runs it (`in_loop_ms`): a one-token target pass, then k one-row draft steps, the draft steps timed, for
+k = 1..5 (a chain of depth k drafts k steps a round).
 
     python tools/draft_step_cost.py --threads 2 --dtype float32 --linear rowdot --out docs/bench/draft-step
 

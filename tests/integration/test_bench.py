@@ -246,6 +246,11 @@ def test_run_bench_all_methods_with_random_tiny_draft(tiny_llama_target, prompt_
         assert r.time_split["verify_passes"] > 0
         assert r.speedup_vs_plain == pytest.approx(r.tokens_per_s / rep.result("plain").tokens_per_s)
     assert rep.spec and rep.spec["num_steps"] == 3 and rep.spec["topk"] == 2
+    from specwire.decode.draft_step import draft_products
+    from specwire.decode.engine import load_engine_draft
+
+    served = draft_products(load_engine_draft(draft_dir, tiny_llama_target))  # what the draft's products ran
+    assert rep.machine["draft_products"] == served and f"- draft_products: {served}" in render_markdown(rep)
     _check_report_files(tmp_path / "run", rep)
 
 

@@ -32,7 +32,7 @@ VERSION = 1
 # Machine fields that must match for timings to be comparable.
 # what timings depend on besides the settings: the machine, and the build of the compiled kernels that ran
 MACHINE_KEYS = ("torch", "transformers", "cpu", "cpu_count", "threads", "device", "dtype", "linear", "gpu", "kernels",
-                "weights_read_mb")
+                "weights_read_mb", "draft_products")
 FRESH_FIX = "rerun with the recorded settings to resume it, or pass --fresh (or another --out) to measure again."
 
 

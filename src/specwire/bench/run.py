@@ -216,6 +216,10 @@ def run_bench(config: BenchConfig, *, target=None, draft=None, records=None) -> 
         encoded.append((rec.id, ids))
     methods = config.run_methods
     machine = machine_info(target.device, target.dtype, target.model)
+    if draft is not None:  # what the draft's products ran (`decode.draft_step.draft_products`)
+        from specwire.decode.draft_step import draft_products
+
+        machine["draft_products"] = draft_products(draft)
     out = None if config.out_dir == "" else Path(config.out_dir) if config.out_dir else default_run_dir(config.prompts)
     done, when = _open_record(config, out, machine, encoded, methods)
     if done:

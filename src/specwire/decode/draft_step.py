@@ -1,8 +1,9 @@
 """The served draft's layer pass: the maths of `Eagle3Draft.step` in the fewest tensor ops, for decoding.
 
 Scope: `ServedStep`, built once per served draft by `decode.engine.load_engine_draft` (`ServedStep.build`,
-kept as `draft.served`), which runs one draft layer pass over T rows against a proposer's `DraftKVCache`, and
-`draft_kernel`, which kernel the served draft's products run beside a given target.
+kept as `draft.served`), which runs one draft layer pass over T rows against a proposer's `DraftKVCache`,
+`draft_kernel`, which kernel the served draft's products run beside a given target, and `draft_products`, what a
+loaded draft's products run, as a bench reports it.
 Does not own the maths (`draft.model`: `Eagle3Draft.step` is the definition, and training and `specwire
 eval` run it; `tests/unit/test_draft_step.py` checks this pass against it, bitwise), the cache
 (`decode.proposer.DraftKVCache`), the rope table (`decode.proposer.EagleProposer._rope`) nor the kernels
@@ -101,6 +102,22 @@ def draft_kernel(target: Target) -> str:
 
     return served_draft_kernel(str(target.dtype).replace("torch.", ""), linear_kind(target.model),
                                rowdot_runs=target.device.type == "cpu" and available()[0])
+
+
+def draft_products(draft: Eagle3Draft) -> str:
+    """What a loaded draft's products run, as a bench states it: "three-part bf16" (float32 inputs split exactly
+    into bf16 parts, `target.bf16dot.split3dot`), "rowdot, bf16 weights", or the kind of its linear layers and its
+    dtype."""
+    from specwire.target.fastlinear import RowDotLinear
+
+    if not isinstance(draft, Eagle3Draft):  # another proposer (tests, experiments)
+        return type(draft).__name__
+    layers = [m for m in draft.modules() if isinstance(m, RowDotLinear)]
+    if layers and all(m.split3 is not None for m in layers):
+        return "three-part bf16"
+    if layers and all(m.compact is not None and m.compact.form == "bf16" for m in layers):
+        return "rowdot, bf16 weights"
+    return f"{linear_kind(draft)}, {str(draft.fc.weight.dtype).removeprefix('torch.')}"
 
 
 def served_draft_kernel(dtype: str, linear: str, *, rowdot_runs: bool) -> str:

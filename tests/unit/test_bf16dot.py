@@ -200,3 +200,15 @@ def test_three_part_products_refuse_what_they_do_not_compute():
         bf16dot.split3dot(torch.randn(2, 32), w.float())
     with pytest.raises(SpecwireError, match="multiple of 32"):
         bf16dot.split3dot(torch.randn(2, 40), torch.randn(8, 40).bfloat16())
+
+
+def test_a_strided_bias_is_read_as_its_values():
+    """A bias that is a view with strides is copied contiguous and kept alive while the kernel reads it."""
+    g = torch.Generator().manual_seed(5)
+    w = (torch.randn(8, 64, generator=g) * 0.05).bfloat16()
+    x = torch.randn(3, 64, generator=g)
+    strided = torch.randn(16, generator=g)[::2]
+    assert not strided.is_contiguous()
+    assert torch.equal(bf16dot.split3dot(x, w, strided), bf16dot.split3dot(x, w, strided.contiguous()))
+    assert torch.equal(bf16dot.bf16dot(x.bfloat16(), w, strided.bfloat16()),
+                       bf16dot.bf16dot(x.bfloat16(), w, strided.bfloat16().contiguous()))

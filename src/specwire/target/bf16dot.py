@@ -81,6 +81,22 @@ def library() -> ctypes.CDLL:
     return lib
 
 
+def _operands(what: str, x: torch.Tensor, shape, bias: torch.Tensor | None, out_dtype: torch.dtype):
+    """(x contiguous, the bias contiguous or None, y [..., N] of `out_dtype`, M, N, K) for a product of x [..., K] by a
+    weight of `shape` [N, K]: a contiguous x is M rows of K at its own pointer, and y is made in its final shape
+    (`rowdot.rowdot`). Refuses a width that is not the weight's or not a multiple of 32."""
+    N, K = shape
+    if x.shape[-1] != K or K % BLOCK_K:
+        raise SpecwireError(f"{what}: expected inputs of width {K}, a multiple of {BLOCK_K}; found {x.shape[-1]}.")
+    x = x if x.is_contiguous() else x.contiguous()
+    b = None if bias is None else bias if bias.is_contiguous() else bias.contiguous()  # held while the kernel reads it
+    return x, b, torch.empty(*x.shape[:-1], N, dtype=out_dtype), x.numel() // K, N, K
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
 def bf16dot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N], all bf16 on CPU, each row bitwise independent of how
     many rows the call holds. The weight is bf16, or a q4_1 / q8_0 `compact.CompactWeight` (bitwise the product
@@ -92,25 +108,19 @@ def bf16dot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.T
         found = f"a {weight.form} compact weight" if compact else f"a {weight.dtype} weight"
         raise SpecwireError(f"bf16dot: expected bf16 inputs (and bias) on CPU with a bf16, q4_1 or q8_0 weight, found "
                             f"{x.dtype} on {x.device} with {found}.")
-    N, K = weight.shape
-    if x.shape[-1] != K or K % BLOCK_K:
-        raise SpecwireError(f"bf16dot: expected inputs of width {K}, a multiple of {BLOCK_K}; found {x.shape[-1]}.")
-    # a contiguous x [..., K] is M rows of K at its own pointer; y is made in its final shape (`rowdot.rowdot`)
-    x = x if x.is_contiguous() else x.contiguous()
-    b = None if bias is None else (bias if bias.is_contiguous() else bias.contiguous()).data_ptr()
-    y = torch.empty(*x.shape[:-1], N, dtype=torch.bfloat16)  # shape: [..., N]
-    M, threads = x.numel() // K, torch.get_num_threads()
+    x, b, y, M, N, K = _operands("bf16dot", x, weight.shape, bias, torch.bfloat16)
+    threads = torch.get_num_threads()
     if not M:
         pass
     elif compact and weight.form == "q4_1":
         lib.specwire_bf16dot_q4_1(x.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(),
-                                  weight.m.data_ptr(), N, b, y.data_ptr(), threads)
+                                  weight.m.data_ptr(), N, _ptr(b), y.data_ptr(), threads)
     elif compact:
-        lib.specwire_bf16dot_q8_0(x.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(), N, b,
+        lib.specwire_bf16dot_q8_0(x.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(), N, _ptr(b),
                                   y.data_ptr(), threads)
     else:
         w = weight if weight.is_contiguous() else weight.contiguous()
-        lib.specwire_bf16dot_bf16(x.data_ptr(), M, K, w.data_ptr(), N, b, y.data_ptr(), threads)
+        lib.specwire_bf16dot_bf16(x.data_ptr(), M, K, w.data_ptr(), N, _ptr(b), y.data_ptr(), threads)
     return y
 
 
@@ -125,16 +135,10 @@ def split3dot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
             or (bias is not None and bias.dtype != torch.float32)):
         raise SpecwireError(f"split3dot: expected float32 inputs (and bias) on CPU with a bf16 weight, found {x.dtype} "
                             f"on {x.device} with a {weight.dtype} weight.")
-    N, K = weight.shape
-    if x.shape[-1] != K or K % BLOCK_K:
-        raise SpecwireError(f"split3dot: expected inputs of width {K}, a multiple of {BLOCK_K}; found {x.shape[-1]}.")
-    x = x if x.is_contiguous() else x.contiguous()
+    x, b, y, M, N, K = _operands("split3dot", x, weight.shape, bias, torch.float32)
     w = weight if weight.is_contiguous() else weight.contiguous()
-    b = None if bias is None else (bias if bias.is_contiguous() else bias.contiguous()).data_ptr()
-    y = torch.empty(*x.shape[:-1], N)  # shape: [..., N]
-    M = x.numel() // K
     if M:
         parts = torch.empty(M, 3, K, dtype=torch.bfloat16)  # the kernel writes each row's three parts here
-        lib.specwire_bf16dot_split3(x.data_ptr(), M, K, w.data_ptr(), N, b, y.data_ptr(), parts.data_ptr(),
+        lib.specwire_bf16dot_split3(x.data_ptr(), M, K, w.data_ptr(), N, _ptr(b), y.data_ptr(), parts.data_ptr(),
                                     torch.get_num_threads())
     return y

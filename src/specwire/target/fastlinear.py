@@ -370,20 +370,6 @@ class AmxLinear(nn.Module):
             self.padded = F.pad(linear.weight.detach(), (0, pad_k, 0, pad_n)).contiguous()  # shape: [N16, K32]
         self.padded_bias = None if linear.bias is None else F.pad(linear.bias.detach(), (0, pad_n)).contiguous()
 
-    def serve_split3(self) -> bool:
-        """Compute through `target.bf16dot.split3dot` where this float32 layer's weight holds bf16 numbers (its compact
-        form is bf16): float32 products as exact as rowdot's, summed in another fixed order, at the bf16 kernel's cost
-        of reading the weight. For a served draft only, which needs no bitwise sums (`decode.draft_step`). Returns
-        whether it does; the weight is zero-padded to a multiple of 32 k."""
-        from specwire.target.bf16dot import BLOCK_K as K32
-
-        if self.compact is None or self.compact.form != "bf16" or self.compact.codes.device.type != "cpu":
-            return False
-        self.pad_k = -self.in_features % K32
-        w = self.compact.codes
-        self.split3 = F.pad(w, (0, self.pad_k)).contiguous() if self.pad_k else w
-        return True
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
         if (self.stock or x.numel() > MAX_INVARIANT_QUERIES * x.shape[-1] or x.dtype != torch.bfloat16
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):

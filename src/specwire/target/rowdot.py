@@ -208,7 +208,8 @@ def rowdot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.Te
     # each tensor op costs microseconds, and a pass makes hundreds of these calls: a contiguous x [..., K] is M rows
     # of K at its own pointer, and y is made in its final shape, with no reshape or view either side
     x = x if x.is_contiguous() else x.contiguous()
-    b = None if bias is None else (bias if bias.is_contiguous() else bias.contiguous()).data_ptr()
+    held = None if bias is None else bias if bias.is_contiguous() else bias.contiguous()  # alive while the kernel reads
+    b = None if held is None else held.data_ptr()
     y = torch.empty(*x.shape[:-1], N, dtype=torch.float32)  # shape: [..., N]
     M, threads = x.numel() // K, torch.get_num_threads()
     if not M:

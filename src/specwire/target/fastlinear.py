@@ -30,7 +30,7 @@ on a CPU with AVX512-BF16 (`--dtype bfloat16 --linear rowdot`) the same module c
 each bf16 weight was rounded from, where they rebuild it bitwise (`bf16_rowdot_linears` checks every
 element), else the bf16 weight. A served draft, float32 over bf16 weights, computes through the same kernel with
 each input row split exactly into three bf16 rows (`split3_linears`): products as exact as rowdot's, summed in
-another fixed order, a one-row product a third cheaper (the draft needs no bitwise sums: `decode.draft_step`).
+another fixed order, a one-row product about a fifth cheaper (the draft needs no bitwise sums: `decode.draft_step`).
 
 oneDNN (`--linear onednn`, bf16 on a CPU whose torch has oneDNN): nn.Linear's maths through oneDNN with
 the weight reordered once, at load, into the library's own blocked layout. `F.linear` hands oneDNN a plain

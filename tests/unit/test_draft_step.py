@@ -71,13 +71,13 @@ def test_the_served_pass_is_bitwise_the_modules_pass(tiny_target, tmp_path, line
     ckpt = random_tiny_draft(target, tmp_path / "d", draft_vocab_size=64)
     if stored == "bfloat16":
         ckpt = save_draft(load_draft(ckpt), tmp_path / "d16", dtype=torch.bfloat16)
-        served = load_engine_draft(ckpt, target)
-        layers = [m for m in served.modules() if isinstance(m, RowDotLinear)]
-        assert layers and all((m.split3 is not None) == bf16dot.available()[0] for m in layers)
-        assert draft_products(served) == ("three-part bf16" if bf16dot.available()[0] else "rowdot, bf16 weights")
-    elif linear == "rowdot":  # float32 weights that are not bf16 numbers: rowdot over them as they are
-        assert draft_products(load_engine_draft(ckpt, target)) == "rowdot, float32"
     draft = load_engine_draft(ckpt, target)
+    if stored == "bfloat16":
+        layers = [m for m in draft.modules() if isinstance(m, RowDotLinear)]
+        assert layers and all((m.split3 is not None) == bf16dot.available()[0] for m in layers)
+        assert draft_products(draft) == ("three-part bf16" if bf16dot.available()[0] else "rowdot, bf16 weights")
+    elif linear == "rowdot":  # float32 weights that are not bf16 numbers: rowdot over them as they are
+        assert draft_products(draft) == "rowdot, float32"
     c = draft.config
     served = EagleProposer(draft, capacity=4)
     modules = EagleProposer(through_modules(load_engine_draft(ckpt, target)), capacity=4)

@@ -238,7 +238,8 @@ def test_settle_loads_no_copy_that_memory_cannot_hold(two_leaders, monkeypatch):
     from specwire.target import hardware
 
     folder, curves = two_leaders
-    monkeypatch.setattr(hardware, "memory_available", lambda device="cpu": 1024)  # a machine with no room for a second copy
+    # a machine with no room for a second copy
+    monkeypatch.setattr(hardware, "memory_available", lambda device="cpu": 1024)
     assert kernels.settle(folder, curves, reps=1) == curves
 
 

@@ -177,7 +177,7 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
     draft.attach_embeddings(target.parts.embed)  # (the draft casts what it reads from the target to its own dtype)
     if kernel == "rowdot":  # a draft stored in bf16 is read as bf16: exactly the same products at half the bytes
         rowdot_linears(draft, forms=("bf16",))
-        if target.device.type == "cpu" and bf16dot_available()[0]:  # float32 inputs split exactly into bf16 parts
+        if bf16dot_available()[0]:  # float32 inputs split exactly into bf16 parts (`bf16dot.split3dot`)
             split3_linears(draft)
     elif kernel == "amx":
         amx_linears(draft)

@@ -30,6 +30,7 @@ import torch
 from specwire.errors import SpecwireError
 from specwire.target.cpu import x86_lacks
 from specwire.target.compact import CompactWeight
+from specwire.target.rowdot import open_library, operands
 
 SOURCE = Path(__file__).with_name("bf16dot.c")
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-fopenmp", "-fPIC", "-shared")
@@ -50,8 +51,6 @@ def cpu_lacks() -> str | None:
 @lru_cache(maxsize=None)
 def _library() -> tuple[ctypes.CDLL | None, str]:
     """(the loaded library, "") or (None, why not), built once (`rowdot.open_library`)."""
-    from specwire.target.rowdot import open_library
-
     lib, why = open_library((SOURCE,), FLAGS, source_digest(), "specwire-bf16dot", "the AVX512-BF16 kernel",
                             why_not=cpu_lacks(), abi=("specwire_bf16dot_abi", ABI))
     if lib is None:
@@ -81,18 +80,6 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-def _operands(what: str, x: torch.Tensor, shape, bias: torch.Tensor | None, out_dtype: torch.dtype):
-    """(x contiguous, the bias contiguous or None, y [..., N] of `out_dtype`, M, N, K) for a product of x [..., K] by a
-    weight of `shape` [N, K]: a contiguous x is M rows of K at its own pointer, and y is made in its final shape
-    (`rowdot.rowdot`). Refuses a width that is not the weight's or not a multiple of 32."""
-    N, K = shape
-    if x.shape[-1] != K or K % BLOCK_K:
-        raise SpecwireError(f"{what}: expected inputs of width {K}, a multiple of {BLOCK_K}; found {x.shape[-1]}.")
-    x = x if x.is_contiguous() else x.contiguous()
-    b = None if bias is None else bias if bias.is_contiguous() else bias.contiguous()  # held while the kernel reads it
-    return x, b, torch.empty(*x.shape[:-1], N, dtype=out_dtype), x.numel() // K, N, K
-
-
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -108,7 +95,7 @@ def bf16dot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.T
         found = f"a {weight.form} compact weight" if compact else f"a {weight.dtype} weight"
         raise SpecwireError(f"bf16dot: expected bf16 inputs (and bias) on CPU with a bf16, q4_1 or q8_0 weight, found "
                             f"{x.dtype} on {x.device} with {found}.")
-    x, b, y, M, N, K = _operands("bf16dot", x, weight.shape, bias, torch.bfloat16)
+    x, b, y, M, N, K = operands("bf16dot", x, weight.shape, bias, torch.bfloat16, block=BLOCK_K)
     threads = torch.get_num_threads()
     if not M:
         pass
@@ -135,7 +122,7 @@ def split3dot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
             or (bias is not None and bias.dtype != torch.float32)):
         raise SpecwireError(f"split3dot: expected float32 inputs (and bias) on CPU with a bf16 weight, found {x.dtype} "
                             f"on {x.device} with a {weight.dtype} weight.")
-    x, b, y, M, N, K = _operands("split3dot", x, weight.shape, bias, torch.float32)
+    x, b, y, M, N, K = operands("split3dot", x, weight.shape, bias, torch.float32, block=BLOCK_K)
     w = weight if weight.is_contiguous() else weight.contiguous()
     if M:
         parts = torch.empty(M, 3, K, dtype=torch.bfloat16)  # the kernel writes each row's three parts here

@@ -298,8 +298,6 @@ class RowDotLinear(nn.Module):
         float32 weight this one was rounded from, where they rebuild it bitwise (every element checked; no float32
         denormal, which the kernel's rounding would flush), else the bf16 weight, zero-padded to a multiple of 32 k
         (zeros add exact zeros)."""
-        from specwire.target.bf16dot import BLOCK_K as K32
-
         w = self.weight.detach()
         if w.dtype != torch.bfloat16 or w.device.type != "cpu":
             raise SpecwireError(f"RowDotLinear.serve_bf16: expected a bf16 weight on CPU, found {w.dtype} on {w.device}.")
@@ -309,22 +307,25 @@ class RowDotLinear(nn.Module):
             if not tiny.any() and torch.equal(w32.to(torch.bfloat16), w):
                 self.bf16, self.pad_k = codes, 0
                 return
-        self.pad_k = -self.in_features % K32
-        self.bf16 = F.pad(w, (0, self.pad_k)).contiguous() if self.pad_k else w
+        self.bf16 = self._padded(w)
 
     def serve_split3(self) -> bool:
         """Compute through `target.bf16dot.split3dot` where this float32 layer's weight holds bf16 numbers (its compact
         form is bf16): float32 products as exact as rowdot's, summed in another fixed order, at the bf16 kernel's cost
         of reading the weight. For a served draft only, which needs no bitwise sums (`decode.draft_step`). Returns
         whether it does; the weight is zero-padded to a multiple of 32 k."""
-        from specwire.target.bf16dot import BLOCK_K as K32
-
         if self.compact is None or self.compact.form != "bf16" or self.compact.codes.device.type != "cpu":
             return False
-        self.pad_k = -self.in_features % K32
-        w = self.compact.codes
-        self.split3 = F.pad(w, (0, self.pad_k)).contiguous() if self.pad_k else w
+        self.split3 = self._padded(self.compact.codes)
         return True
+
+    def _padded(self, w: torch.Tensor) -> torch.Tensor:
+        """A bf16 weight [N, K] as `target.bf16dot` reads it: zero-padded to a multiple of 32 k (zeros add exact zeros),
+        the inputs padded by `pad_k` to match."""
+        from specwire.target.bf16dot import BLOCK_K as K32
+
+        self.pad_k = -self.in_features % K32
+        return F.pad(w, (0, self.pad_k)).contiguous() if self.pad_k else w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
         if (self.stock or x.numel() > MAX_INVARIANT_QUERIES * x.shape[-1]

@@ -3,7 +3,8 @@
 Scope: building `rowdot.c`, `rowattn.c`, `argmax.c` and `rownorm.c` (beside this file, sharing `rowkernels.h`)
 into one shared library on first use, cached under `$SPECWIRE_HOME/kernels` by a hash of the sources, flags and
 compiler; loading it with ctypes; `available` (can this machine run it, and if not, why); `rowdot` (x @ W.T + b
-through it, W float32, bf16 or an exact `compact.CompactWeight`), `argmax_rows` (the greedy pick over rows of
+through it, W float32, bf16 or an exact `compact.CompactWeight`), `operands` (the inputs and output of a compiled
+product, shared with `bf16dot`), `argmax_rows` (the greedy pick over rows of
 logits, for `decode.sampling.greedy_token`) and `library` (for the other kernels' callers: `attention.compiled_attention`
 and `rownorm`). Does not own the module that swaps a model's linear layers (`fastlinear.RowDotLinear`), the
 attention's rule (`attention`), the norm's module (`rownorm`) nor the choice of kernel (`decode.kernels`).
@@ -188,6 +189,22 @@ def require() -> None:
                             "Use --linear torch (or auto).")
 
 
+def operands(what: str, x: torch.Tensor, shape, bias: torch.Tensor | None, out_dtype: torch.dtype, *,
+             block: int = 1):
+    """(x contiguous, the bias contiguous or None, y [..., N] of `out_dtype`, M, N, K) for a compiled product of x
+    [..., K] by a weight of `shape` [N, K] (`rowdot`, `bf16dot`). Each tensor op costs microseconds and a pass makes
+    hundreds of these calls: a contiguous x is M rows of K at its own pointer, and y is made in its final shape, with
+    no reshape or view either side. The caller keeps the bias it returns alive while the kernel reads it. Refuses a
+    width that is not the weight's, or not a multiple of `block`."""
+    N, K = shape
+    if x.shape[-1] != K or K % block:
+        multiple = f", a multiple of {block}" if block > 1 else ""
+        raise SpecwireError(f"{what}: expected inputs of width {K}{multiple}, found {x.shape[-1]}.")
+    x = x if x.is_contiguous() else x.contiguous()
+    b = None if bias is None else bias if bias.is_contiguous() else bias.contiguous()
+    return x, b, torch.empty(*x.shape[:-1], N, dtype=out_dtype), x.numel() // K, N, K
+
+
 def rowdot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.Tensor | None = None, *,
            build: str | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N], float32 on CPU, each row bitwise independent
@@ -202,16 +219,8 @@ def rowdot(x: torch.Tensor, weight: torch.Tensor | CompactWeight, bias: torch.Te
         found = f"a {weight.form} compact weight" if compact else f"a {weight.dtype} weight"
         raise SpecwireError(f"rowdot: expected float32 inputs (and bias) on CPU with a float32, bfloat16 or compact "
                             f"weight, found {x.dtype} on {x.device} with {found}.")
-    N, K = weight.shape
-    if x.shape[-1] != K:
-        raise SpecwireError(f"rowdot: expected inputs of width {K}, found {x.shape[-1]}.")
-    # each tensor op costs microseconds, and a pass makes hundreds of these calls: a contiguous x [..., K] is M rows
-    # of K at its own pointer, and y is made in its final shape, with no reshape or view either side
-    x = x if x.is_contiguous() else x.contiguous()
-    held = None if bias is None else bias if bias.is_contiguous() else bias.contiguous()  # alive while the kernel reads
-    b = None if held is None else held.data_ptr()
-    y = torch.empty(*x.shape[:-1], N, dtype=torch.float32)  # shape: [..., N]
-    M, threads = x.numel() // K, torch.get_num_threads()
+    x, held, y, M, N, K = operands("rowdot", x, weight.shape, bias, torch.float32)
+    b, threads = None if held is None else held.data_ptr(), torch.get_num_threads()
     if not M:
         pass
     elif compact and weight.form == "q4_1":

@@ -7,8 +7,10 @@ a float32 rowdot target, or a bf16 one off AMX), rowdot reading float32 weights,
 weights (bitwise the same products), and that through `decode.draft_step.ServedStep` (q|k|v and gate|up
 packed into one product each, no module calls: what `load_engine_draft` serves; bitwise the same again), and
 for a bf16 target nn.Linear in bf16 served the same lean way (what such a draft ran before), and where the CPU has
-AVX512-BF16 the served form's products through `bf16dot.split3dot` (each float32 input row split exactly into three
-bf16 rows: what `load_engine_draft` serves there; float32 products summed in another order); where the target
+AVX512-BF16 the lean pass's products through `bf16dot.split3dot` (each float32 input row split exactly into three
+bf16 rows: `load_engine_draft(..., weights="exact")`; float32 products summed in another order) and through the
+bf16 kernel over the q8_0 codes nearest the weights, inputs rounded to bf16 (what `load_engine_draft` serves there
+by default: lossy for the draft, see `tools/draft_precision.py` for what it does to acceptance); where the target
 runs the AMX kernel (bf16), that kernel through the modules and served; elsewhere nn.Linear served. It times
 `decode.engine.draft_step_ms` (one step over w rows after --context cached positions) beside one target
 pass over 1 token after the same context. The forms are interleaved round by round, so a burst of load
@@ -16,7 +18,7 @@ on a shared machine spreads over all of them.
 
 Those steps run back to back, so the draft's weights (about 18 MB in bf16 for the shipped draft) stay in the
 CPU's caches. In decoding they do not: each round's target pass streams the target's weights through the
-caches first. So the served form (and where it runs split3, the rowdot pass it replaced) is also timed as the
+caches first. So the served form (and where it runs q8_0, the exact three-part pass beside it) is also timed as the
 loop runs it (`in_loop_ms`): a one-token target pass, then k one-row draft steps, the draft steps timed, for
 k = 1..5 (a chain of depth k drafts k steps a round).
 
@@ -86,8 +88,8 @@ def forms(draft_name: str, target) -> dict:
         d.attach_embeddings(target.parts.embed)
         return d
 
-    def rowdot_draft():  # what the engine served before the three-part products: rowdot over the bf16 weights
-        d = load_engine_draft(draft_name, target)
+    def rowdot_draft():  # what the engine served before the bf16 kernel: rowdot over the bf16 weights
+        d = load_engine_draft(draft_name, target, weights="exact")
         for m in d.modules():
             if isinstance(m, RowDotLinear):
                 m.split3, m.pad_k = None, 0
@@ -107,11 +109,13 @@ def forms(draft_name: str, target) -> dict:
             lean.served = ServedStep.build(lean)
             out[f"nn.Linear in {str(target.dtype).removeprefix('torch.')}, packed, lean pass"] = lean
         served = load_engine_draft(draft_name, target)
-        if any(isinstance(m, RowDotLinear) and m.split3 is not None for m in served.modules()):
+        if any(isinstance(m, RowDotLinear) and m.q8 is not None for m in served.modules()):
             lean = rowdot_draft()
             lean.served = ServedStep.build(lean)
             out["rowdot, bf16 weights, packed, lean pass"] = lean
-            out["three-part bf16 products, packed, lean pass (served)"] = served
+            out["three-part bf16 products, packed, lean pass (exact)"] = load_engine_draft(draft_name, target,
+                                                                                         weights="exact")
+            out["q8_0 weights, bf16 products, packed, lean pass (served)"] = served
         else:
             out["rowdot, bf16 weights, packed, lean pass (served)"] = served
     elif kernel == "amx":
@@ -140,8 +144,8 @@ def main(argv=None) -> int:
     drafts = forms(args.draft, target)
     step: list[float] = []
     draft_ms: dict[str, dict[int, list[float]]] = {name: {w: [] for w in WIDTHS} for name in drafts}
-    # in the loop: the served form (the last), and the lean rowdot pass it replaced where it runs split3
-    looped = dict(list(drafts.items())[-2 if "three-part" in list(drafts)[-1] else -1:])
+    # in the loop: the served form (the last), and the exact three-part pass beside it where it runs q8_0
+    looped = dict(list(drafts.items())[-2 if "q8_0" in list(drafts)[-1] else -1:])
     loop_ms: dict[str, dict[int, list[float]]] = {name: {k: [] for k in CHAIN_STEPS} for name in looped}
     for _ in range(args.rounds):
         for name, d in looped.items():

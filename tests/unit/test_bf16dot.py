@@ -3,9 +3,10 @@
 Each row of a product is bitwise the row of a one-row product, for every row count up to 17, every form of the
 weight (bf16, and the GGUF codes q4_1 and q8_0 that the bf16 weight was rounded from), with and without bias and
 on 1 and 2 threads; reading the codes gives bitwise what reading the bf16 weight gives; and the products are the
-bf16 products to within the output's rounding. A GGUF-like tiny target loads with it, reads its codes, keeps its
-passes bitwise single steps and decodes speculatively token for token as it decodes plainly; a layer whose codes
-do not rebuild its bf16 weight reads the weight instead. This machine has AVX512-BF16 (`lscpu`), so nothing here
+bf16 products to within the output's rounding; a served draft's layer over the nearest q8_0 codes of its weight
+(`RowDotLinear.serve_q8_0`) keeps its rows independent and packs bitwise. A GGUF-like tiny target loads with it,
+reads its codes, keeps its passes bitwise single steps and decodes speculatively token for token as it decodes
+plainly; a layer whose codes do not rebuild its bf16 weight reads the weight instead. This machine has AVX512-BF16 (`lscpu`), so nothing here
 skips on it; a CPU without gets the refusal, tested below.
 """
 
@@ -162,7 +163,7 @@ def test_refused_with_the_reason_where_it_cannot_run(tiny_target, monkeypatch):
         load_target(tiny_target("llama"), device="cpu", dtype="float16", linear="rowdot")
 
 
-# ---- three-part products: a float32 input split exactly into bf16 parts (a served draft's products) -----------
+# ---- three-part products: a float32 input split exactly into bf16 parts (a served draft's exact products) -----
 
 @pytest.mark.parametrize("n,k", [(67, 96), (8, 32), (130, 576)])
 @pytest.mark.parametrize("bias", [False, True])
@@ -213,3 +214,38 @@ def test_a_strided_bias_is_read_as_its_values():
     assert torch.equal(bf16dot.split3dot(x, w, strided), bf16dot.split3dot(x, w, strided.contiguous()))
     assert torch.equal(bf16dot.bf16dot(x.bfloat16(), w, strided.bfloat16()),
                        bf16dot.bf16dot(x.bfloat16(), w, strided.bfloat16().contiguous()))
+
+
+@pytest.mark.parametrize("k", [96, 40])
+def test_a_q8_0_draft_layer_reads_the_nearest_codes_and_packs_them_bitwise(k):
+    """`RowDotLinear.serve_q8_0` (a served draft's default): float32 inputs rounded to bf16 through the kernel over the
+    q8_0 codes nearest the (zero-padded) weight, widened back, the float32 bias added; rows independent of the rows
+    beside them; within the codes' half step of the float32 product; and q|k|v packed (`concat_linears`) is bitwise
+    the separate layers, because each row's blocks are its own."""
+    import torch.nn as nn
+
+    from specwire.target.compact import nearest_q8_0
+    from specwire.target.fastlinear import RowDotLinear, concat_linears, q8_0_linears
+
+    torch.manual_seed(0)
+    parts = nn.ModuleList([nn.Linear(k, n) for n in (24, 8, 8)])
+    assert q8_0_linears(parts) == 0  # only RowDotLinear layers take it
+    layers = [RowDotLinear(m) for m in parts]
+    assert all(m.serve_q8_0() for m in layers)
+    x = torch.randn(5, k)
+    pad = -k % 32
+    with torch.no_grad():
+        for m, lin in zip(layers, parts):
+            codes = nearest_q8_0(torch.nn.functional.pad(lin.weight, (0, pad)))
+            want = bf16dot.bf16dot(torch.nn.functional.pad(x, (0, pad)).bfloat16(), codes).float() + lin.bias
+            assert torch.equal(m(x), want) and m.pad_k == pad
+            assert all(torch.equal(m(x[i:i + 1]), m(x)[i:i + 1]) for i in range(5))
+            ref = x.double() @ lin.weight.double().T + lin.bias.double()
+            step = (codes.d.double().max() / 2 * x.abs().double().sum(-1, keepdim=True)
+                    + 2 ** -8 * (x.abs().double() @ lin.weight.abs().double().T + ref.abs()))  # codes, bf16 inputs, output
+            assert ((m(x).double() - ref).abs() <= step).all()
+        packed = concat_linears(layers)
+        assert packed.q8 is not None and packed.split3 is None
+        assert torch.equal(packed(x), torch.cat([m(x) for m in layers], dim=-1))
+    assert "nearest q8_0 in bf16 products" in repr(packed)
+

@@ -3,7 +3,8 @@
 A weight dequantized from a GGUF file (q4_1 or q8_0, as llama.cpp quantizes and gguf-py dequantizes) packs
 into its form, whose `.float()` is bitwise the weight; bf16 numbers pack as bf16; any other weight packs into
 nothing. The kernel over a packed weight gives bitwise the float32 kernel's rows, for every row count, with and
-without bias, on 1 and 2 threads; a GGUF-like tiny target reads its codes under `--linear rowdot`, keeps its
+without bias, on 1 and 2 threads; the one lossy packer (`nearest_q8_0`, a served draft's) stays within half a
+step of each weight; a GGUF-like tiny target reads its codes under `--linear rowdot`, keeps its
 passes bitwise single steps, and decodes speculatively token for token as it decodes plainly (the engine's
 side of that is in test_fastlinear); and (slow) the built-in target, converted from a Q4_1 file, packs whole.
 """
@@ -15,7 +16,7 @@ import torch
 
 from helpers import gguf_dequantized, make_gguf_like_target_dir, prompt_of
 from specwire.decode.invariance import pass_invariance
-from specwire.target.compact import FORMS, _pack4, _unpack4, pack
+from specwire.target.compact import FORMS, _pack4, _unpack4, nearest_q8_0, pack
 from specwire.target.fastlinear import RowDotLinear, weight_bytes
 from specwire.target.load import load_target
 from specwire.target.rowdot import rowdot
@@ -41,6 +42,35 @@ def test_a_weight_packs_exactly_into_its_form(form, bits):
     assert c is not None and c.form == form and c.shape == tuple(w.shape)
     assert torch.equal(c.float(), w)
     assert c.nbytes == w.numel() * bits // 8
+
+
+def test_the_nearest_q8_0_codes_are_within_half_a_step_of_each_weight():
+    """The one lossy packer (a served draft's): per block of 32 k, d = largest magnitude / 127, q = round(w / d). Each
+    rebuilt weight is within d / 2 of the weight; each block's largest magnitude takes code 127 exactly; a block of
+    zeros is zeros; a weight already on a q8_0 grid (a GGUF's) comes back bitwise; bf16 numbers are taken as is."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(9, 96, generator=g) * 0.05
+    w[2, 32:64] = 0
+    c = nearest_q8_0(w)
+    assert c.form == "q8_0" and c.codes.dtype == torch.int8 and c.shape == (9, 96) and c.nbytes == 9 * 96 * 9 // 8
+    err = (c.float() - w).view(9, 3, 32).abs()
+    assert (err <= c.d[..., None] * (0.5 + 1e-6)).all()
+    assert err.max() > 0  # lossy: random float32 weights are not on the grid
+    q = c.codes.view(9, 3, 32).abs().amax(-1)
+    assert c.d[2, 1] == 0 and (c.float()[2, 32:64] == 0).all()
+    assert ((q == 127) | (c.d == 0)).all()
+    on_grid = gguf_dequantized(w, "q8_0")
+    assert torch.equal(nearest_q8_0(on_grid).float(), on_grid)
+    assert torch.equal(nearest_q8_0(w.bfloat16()).codes, nearest_q8_0(w.bfloat16().float()).codes)
+
+
+def test_the_nearest_q8_0_codes_refuse_what_they_cannot_hold():
+    with pytest.raises(ValueError, match=r"K a multiple of 32, found shape \(4, 40\)"):
+        nearest_q8_0(torch.randn(4, 40))
+    nan = torch.randn(4, 32)
+    nan[1, 3] = float("nan")
+    with pytest.raises(ValueError, match="finite"):
+        nearest_q8_0(nan)
 
 
 def test_a_weight_no_form_holds_packs_into_nothing():

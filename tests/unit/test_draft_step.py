@@ -61,26 +61,33 @@ def test_the_served_pass_proposes_what_the_modules_do(tiny_target, tmp_path, lin
         assert torch.equal(x, y)
 
 
-@pytest.mark.parametrize("linear, dtype, stored", [("rowdot", "float32", "float32"), ("rowdot", "float32", "bfloat16"),
-                                                   ("torch", "float32", "float32"), ("torch", "bfloat16", "float32")])
-def test_the_served_pass_is_bitwise_the_modules_pass(tiny_target, tmp_path, linear, dtype, stored):
-    """Prompt rows under a causal mask, one chain row, tree rows under an ancestry mask: logits and hidden. A draft
-    stored in bf16 beside a rowdot target runs the three-part bf16 products where the CPU has AVX512-BF16
-    (`bf16dot.split3dot`), whose rows are independent of the rows beside them too."""
+@pytest.mark.parametrize("linear, dtype, stored, weights", [
+    ("rowdot", "float32", "float32", "exact"), ("rowdot", "float32", "bfloat16", "exact"),
+    ("rowdot", "float32", "bfloat16", "q8_0"), ("torch", "float32", "float32", "q8_0"),
+    ("torch", "bfloat16", "float32", "q8_0")])
+def test_the_served_pass_is_bitwise_the_modules_pass(tiny_target, tmp_path, linear, dtype, stored, weights):
+    """Prompt rows under a causal mask, one chain row, tree rows under an ancestry mask: logits and hidden. Beside a
+    rowdot target, where the CPU has AVX512-BF16, a draft runs the bf16 kernel over the q8_0 codes nearest its
+    weights by default, and exactly (stored in bf16) the three-part bf16 products (`bf16dot.split3dot`); the rows of
+    both are independent of the rows beside them, and their packed products are bitwise the separate ones."""
     target = load_target(tiny_target("llama"), device="cpu", dtype=dtype, linear=linear)
     ckpt = random_tiny_draft(target, tmp_path / "d", draft_vocab_size=64)
     if stored == "bfloat16":
         ckpt = save_draft(load_draft(ckpt), tmp_path / "d16", dtype=torch.bfloat16)
-    draft = load_engine_draft(ckpt, target)
-    if stored == "bfloat16":
-        layers = [m for m in draft.modules() if isinstance(m, RowDotLinear)]
-        assert layers and all((m.split3 is not None) == bf16dot.available()[0] for m in layers)
-        assert draft_products(draft) == ("three-part bf16" if bf16dot.available()[0] else "rowdot, bf16 weights")
-    elif linear == "rowdot":  # float32 weights that are not bf16 numbers: rowdot over them as they are
+    draft = load_engine_draft(ckpt, target, weights=weights)
+    layers = [m for m in draft.modules() if isinstance(m, RowDotLinear)]
+    runs = bf16dot.available()[0]
+    if linear == "rowdot" and weights == "q8_0":
+        assert layers and all((m.q8 is not None) == runs for m in layers)
+        assert draft_products(draft) == ("q8_0 weights, bf16 products" if runs else "rowdot, bf16 weights")
+    elif stored == "bfloat16":
+        assert layers and all((m.split3 is not None) == runs for m in layers)
+        assert draft_products(draft) == ("three-part bf16" if runs else "rowdot, bf16 weights")
+    elif linear == "rowdot":  # float32 weights that are not bf16 numbers, exactly: rowdot over them as they are
         assert draft_products(draft) == "rowdot, float32"
     c = draft.config
     served = EagleProposer(draft, capacity=4)
-    modules = EagleProposer(through_modules(load_engine_draft(ckpt, target)), capacity=4)
+    modules = EagleProposer(through_modules(load_engine_draft(ckpt, target, weights=weights)), capacity=4)
     g = torch.Generator().manual_seed(3)
     tree_mask = torch.cat([torch.ones(3, 10, dtype=torch.bool), torch.eye(3, dtype=torch.bool)], 1)[None, None]
     w = draft.fc.weight

@@ -135,24 +135,33 @@ def test_refused_with_the_reason_where_it_cannot_run(tiny_target, monkeypatch):
 
 
 def test_the_engine_draft_takes_the_targets_kernel(tiny_target, tmp_path):
-    """With a rowdot target the served draft's products run rowdot too (speed); its logits stay nn.Linear's."""
+    """With a rowdot target the served draft's products run rowdot too (speed); its exact form's logits stay
+    nn.Linear's. Where the CPU has AVX512-BF16 the default form reads the nearest q8_0 codes instead (lossy for the
+    draft only), and says so."""
+    from specwire.decode.draft_step import draft_products
     from specwire.decode.engine import load_engine_draft
 
     path = tiny_target("llama")
     fast = load_target(path, device="cpu", dtype="float32", linear="rowdot")
     ref = load_target(path, device="cpu", dtype="float32")
     ckpt = random_tiny_draft(ref, tmp_path / "d")
-    a, b = load_engine_draft(ckpt, ref), load_engine_draft(ckpt, fast)
+    a, b = load_engine_draft(ckpt, ref), load_engine_draft(ckpt, fast, weights="exact")
     assert linear_kind(a) == "torch" and linear_kind(b) == "rowdot"
+    q8 = bf16dot_mod.available()[0]
+    default = load_engine_draft(ckpt, fast)
+    assert draft_products(default) == ("q8_0 weights, bf16 products" if q8 else "rowdot, float32")
+    assert draft_products(b) == "rowdot, float32"
+    with pytest.raises(SpecwireError, match="draft weights: expected one of q8_0, exact, found 'int4'"):
+        load_engine_draft(ckpt, fast, weights="int4")
     h = torch.randn(1, 3, a.config.hidden_size)
     with torch.no_grad():
         torch.testing.assert_close(b.lm_head(h), a.lm_head(h), rtol=1e-5, atol=1e-5)
-    # float32 weights that are not bf16 numbers are read as they are; a draft stored in bf16 is read as bf16: where
-    # the CPU has AVX512-BF16, through the three-part bf16 products (float32 products as exact, summed in another
-    # fixed order), elsewhere through rowdot, with bitwise the products of its float32 form
+    # exactly, float32 weights that are not bf16 numbers are read as they are; a draft stored in bf16 is read as
+    # bf16: where the CPU has AVX512-BF16, through the three-part bf16 products (float32 products as exact, summed
+    # in another fixed order), elsewhere through rowdot, with bitwise the products of its float32 form
     assert all(m.compact is None and m.split3 is None for m in b.modules() if isinstance(m, RowDotLinear))
     stored = save_draft(load_draft(ckpt), tmp_path / "d16", dtype=torch.bfloat16)
-    c = load_engine_draft(stored, fast)
+    c = load_engine_draft(stored, fast, weights="exact")
     layers = [m for m in c.modules() if isinstance(m, RowDotLinear)]
     assert layers and all(m.compact is not None and m.compact.form == "bf16" for m in layers)
     split3 = bf16dot_mod.available()[0]
@@ -172,8 +181,9 @@ def test_the_engine_draft_takes_the_targets_kernel(tiny_target, tmp_path):
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_a_bf16_target_off_amx_serves_a_rowdot_draft_and_stays_lossless(tiny_target, tmp_path, tree):
     """A bf16 target on nn.Linear (oneDNN or pre-transposed alike) serves its draft on rowdot: float32
-    arithmetic over the draft's bf16 weights, read as bf16 (speed only: the draft needs no invariance). Its
-    inputs come from the bf16 target and its proposals are token ids: decoding stays the target's greedy."""
+    arithmetic over the draft's bf16 weights, read as bf16, or on AVX512-BF16 the bf16 kernel over their nearest
+    q8_0 codes (speed only: the draft needs no invariance). Its inputs come from the bf16 target and its proposals
+    are token ids: decoding stays the target's greedy."""
     from specwire.decode.draft_step import draft_kernel
     from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
     from specwire.decode.plain import plain_generate
@@ -187,7 +197,7 @@ def test_a_bf16_target_off_amx_serves_a_rowdot_draft_and_stays_lossless(tiny_tar
     assert draft.fc.weight.dtype == torch.float32 and draft.served is not None
     layers = [m for m in draft.modules() if isinstance(m, RowDotLinear)]
     assert all(m.compact is not None and m.compact.form == "bf16" for m in layers)
-    assert all((m.split3 is not None) == bf16dot_mod.available()[0] for m in layers)  # on AVX512-BF16: split3
+    assert all((m.q8 is not None) == bf16dot_mod.available()[0] for m in layers)  # on AVX512-BF16: q8_0 codes
     fp32 = load_target(path, device="cpu", dtype="float32")
     assert draft_kernel(fp32) == "torch"  # a float32 target on nn.Linear keeps the reference module draft
     for n_prompt in (3, 40):

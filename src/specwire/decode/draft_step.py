@@ -87,7 +87,8 @@ class ServedStep:
 
 def draft_kernel(target: Target) -> str:
     """The kernel of a served draft's products: "rowdot" (float32 arithmetic over the draft's weights, read as bf16
-    where they are bf16 numbers), "amx", or "torch" (the draft's modules in the target's dtype, as loaded).
+    where they are bf16 numbers; on a CPU with AVX512-BF16, the bf16 kernel over their nearest q8_0 codes by default,
+    `decode.engine.load_engine_draft`), "amx", or "torch" (the draft's modules in the target's dtype, as loaded).
 
     A draft needs no invariance (the target's verify pass decides every token), so only speed chooses. It takes
     the target's kernel where that is rowdot or AMX (both read the draft's bf16 weights at the memory rate in a
@@ -105,14 +106,17 @@ def draft_kernel(target: Target) -> str:
 
 
 def draft_products(draft: Eagle3Draft) -> str:
-    """What a loaded draft's products run, as a bench states it: "three-part bf16" (float32 inputs split exactly
-    into bf16 parts, `target.bf16dot.split3dot`), "rowdot, bf16 weights", or the kind of its linear layers and its
+    """What a loaded draft's products run, as a bench states it: "q8_0 weights, bf16 products" (the nearest q8_0
+    codes, inputs rounded to bf16: `fastlinear.q8_0_linears`), "three-part bf16" (float32 inputs split exactly into
+    bf16 parts, `target.bf16dot.split3dot`), "rowdot, bf16 weights", or the kind of its linear layers and its
     dtype."""
     from specwire.target.fastlinear import RowDotLinear
 
     if not isinstance(draft, Eagle3Draft):  # another proposer (tests, experiments)
         return type(draft).__name__
     layers = [m for m in draft.modules() if isinstance(m, RowDotLinear)]
+    if layers and all(m.q8 is not None for m in layers):
+        return "q8_0 weights, bf16 products"
     if layers and all(m.split3 is not None for m in layers):
         return "three-part bf16"
     if layers and all(m.compact is not None and m.compact.form == "bf16" for m in layers):

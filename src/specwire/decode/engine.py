@@ -70,7 +70,7 @@ import torch
 
 from specwire.target.capture import capture_hooks
 from specwire.target.bf16dot import available as bf16dot_available
-from specwire.target.fastlinear import amx_linears, linear_kind, rowdot_linears, split3_linears
+from specwire.target.fastlinear import amx_linears, linear_kind, q8_0_linears, rowdot_linears, split3_linears
 from specwire.target.hardware import synchronize
 from specwire.target.kvcache import decoding_cache
 from specwire.target.passes import padded_pass, pass_rows
@@ -155,11 +155,22 @@ def draft_fit_problems(draft: Eagle3Draft, target: Target) -> list[str]:
     return problems
 
 
-def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int] | None = None) -> Eagle3Draft:
+DRAFT_WEIGHTS = ("q8_0", "exact")  # how a served draft reads its weights where the bf16 kernel runs
+
+
+def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int] | None = None,
+                      weights: str = "q8_0") -> Eagle3Draft:
     """Load a draft for serving with `target`: refuse a wiring that does not fit, attach embeddings.
 
+    Where the draft runs rowdot and the CPU has AVX512-BF16, `weights` says how its products read its weights:
+    "q8_0" (the default), the nearest q8_0 codes with the inputs rounded to bf16 (`fastlinear.q8_0_linears`,
+    lossy for the draft, and a third cheaper a step in the loop; its proposals were accepted as often), or "exact",
+    the weights as stored with the inputs split exactly into three bf16 parts (`fastlinear.split3_linears`).
+    Either way decoding stays the target's greedy: the verify pass decides every token.
     hs_ids_override (experiments only) replaces the draft's hs ids; it must keep their count.
     """
+    if weights not in DRAFT_WEIGHTS:
+        raise SpecwireError(f"draft weights: expected one of {', '.join(DRAFT_WEIGHTS)}, found {weights!r}.")
     kernel = draft_kernel(target)
     draft = load_draft(name_or_path, device=target.device, dtype=torch.float32 if kernel == "rowdot" else target.dtype)
     c = draft.config
@@ -177,8 +188,8 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
     draft.attach_embeddings(target.parts.embed)  # (the draft casts what it reads from the target to its own dtype)
     if kernel == "rowdot":  # a draft stored in bf16 is read as bf16: exactly the same products at half the bytes
         rowdot_linears(draft, forms=("bf16",))
-        if bf16dot_available()[0]:  # float32 inputs split exactly into bf16 parts (`bf16dot.split3dot`)
-            split3_linears(draft)
+        if bf16dot_available()[0]:  # the bf16 kernel: over q8_0 codes, or float32 inputs in three exact bf16 parts
+            q8_0_linears(draft) if weights == "q8_0" else split3_linears(draft)
     elif kernel == "amx":
         amx_linears(draft)
     draft.served = ServedStep.build(draft)  # the decoding pass: packed products, fewer ops (`decode.draft_step`)

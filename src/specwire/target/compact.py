@@ -23,6 +23,11 @@ The forms, per block of 32 consecutive k of a row (`K % 32 == 0`):
 The scales d and m are whatever float32 numbers rebuild the block (a GGUF's are float16 numbers; `pack`
 searches the float16 numbers next to the block's range, and checks every element). Nothing is trusted:
 a form is used only where the whole weight comes back bitwise, else the next one, else none.
+
+One lossy packer sits beside them, for a served draft only: `nearest_q8_0`, the q8_0 codes nearest a weight
+(GGUF's rule: d = the block's largest magnitude / 127, q = round(w / d)). A draft needs no exact weights: the
+target's verify pass decides every token, and on the built-in pair its proposals were accepted as often with
+them as with its bf16 weights (`docs/BENCHMARKS.md`), at 9 bits a weight instead of 16. Nothing else uses it.
 """
 
 from __future__ import annotations
@@ -74,6 +79,21 @@ def pack(weight: torch.Tensor, forms: tuple[str, ...] = FORMS) -> CompactWeight 
         if packed is not None and torch.equal(packed.float(), w):
             return packed
     return None
+
+
+def nearest_q8_0(weight: torch.Tensor) -> CompactWeight:
+    """The q8_0 codes nearest `weight` [N, K] (float32 or bf16 numbers, K % 32 == 0): per block of 32 k, d = its
+    largest magnitude / 127 and q = round(w / d) in -127..127; a block of zeros gets d = 0. Lossy: each rebuilt
+    weight is within d / 2 of the weight before the kernel rounds it to bf16. For a served draft only."""
+    w = weight.detach().float().contiguous()
+    if w.dim() != 2 or w.shape[1] % BLOCK or not torch.isfinite(w).all():
+        raise ValueError(f"nearest_q8_0: expected a finite [N, K] weight with K a multiple of {BLOCK}, found "
+                         f"shape {tuple(w.shape)}")
+    N, K = w.shape
+    blocks = w.view(N, K // BLOCK, BLOCK)  # shape: [N, KB, 32]
+    d = blocks.abs().amax(-1) / 127  # shape: [N, KB]
+    q = torch.round(blocks / torch.where(d == 0, torch.ones(()), d)[..., None]).clamp(-127, 127)
+    return CompactWeight("q8_0", (N, K), q.to(torch.int8).view(N, K).contiguous(), d.contiguous())
 
 
 def _pack_bf16(w: torch.Tensor) -> CompactWeight:

@@ -2,7 +2,7 @@
 
 Scope: the `PretransposedLinear`, `OneDNNLinear`, `RowDotLinear`, `AmxLinear` and `RowPaddedLinear` modules,
 and `pretranspose_linears` / `onednn_linears` /
-`rowdot_linears` / `bf16_rowdot_linears` / `split3_linears` / `amx_linears` / `pad_linear_rows`, which swap a model's
+`rowdot_linears` / `bf16_rowdot_linears` / `split3_linears` / `q8_0_linears` / `amx_linears` / `pad_linear_rows`, which swap a model's
 `nn.Linear` layers for them in place,
 `concat_linears`, which packs products that read the same input into one, and `linear_kind`, which names
 what a model runs. Does not own model loading
@@ -31,6 +31,10 @@ each bf16 weight was rounded from, where they rebuild it bitwise (`bf16_rowdot_l
 element), else the bf16 weight. A served draft, float32 over bf16 weights, computes through the same kernel with
 each input row split exactly into three bf16 rows (`split3_linears`): products as exact as rowdot's, summed in
 another fixed order, a one-row product about a fifth cheaper (the draft needs no bitwise sums: `decode.draft_step`).
+By default a served draft goes further (`q8_0_linears`): the kernel reads the q8_0 codes nearest its weights and its
+inputs rounded to bf16, one pass over 9 bits a weight. Neither exact weights nor float32 inputs changed what the
+shipped draft's proposals were accepted at, and the draft's steps, bound by reading its weights back after each
+target pass, cost about a third less.
 
 oneDNN (`--linear onednn`, bf16 on a CPU whose torch has oneDNN): nn.Linear's maths through oneDNN with
 the weight reordered once, at load, into the library's own blocked layout. `F.linear` hands oneDNN a plain
@@ -68,7 +72,7 @@ from specwire.errors import SpecwireError
 from specwire.target.amx import BLOCK_K, BLOCK_N, library as amx_library, product as amx_product
 from specwire.target.attention import MAX_INVARIANT_QUERIES
 from specwire.target.bf16dot import bf16dot as _bf16dot, split3dot as _split3dot
-from specwire.target.compact import CompactWeight, pack
+from specwire.target.compact import CompactWeight, nearest_q8_0, pack
 from specwire.target.rowdot import rowdot
 
 
@@ -282,6 +286,7 @@ class RowDotLinear(nn.Module):
     stock = False
     bf16: torch.Tensor | CompactWeight | None = None  # what `target.bf16dot` reads in a bf16 model (`serve_bf16`)
     split3: torch.Tensor | None = None  # the bf16 weight `bf16dot.split3dot` reads in a served draft (`serve_split3`)
+    q8: CompactWeight | None = None  # the nearest q8_0 codes `target.bf16dot` reads in a served draft (`serve_q8_0`)
     pad_k = 0  # zeros appended to each input row for it (a bf16 weight whose K is not a multiple of 32)
 
     def __init__(self, linear: nn.Linear, *, forms: tuple[str, ...] = ()):
@@ -319,6 +324,18 @@ class RowDotLinear(nn.Module):
         self.split3 = self._padded(self.compact.codes)
         return True
 
+    def serve_q8_0(self) -> bool:
+        """Compute through `target.bf16dot` over the q8_0 codes nearest this float32 layer's weight
+        (`compact.nearest_q8_0`: lossy), its inputs rounded to bf16 and its outputs widened back: 9 bits read a
+        weight instead of the bf16 form's 16, one multiply-add pass instead of `serve_split3`'s three. For a served
+        draft only, which needs neither exact weights nor bitwise sums (`decode.draft_step`). Returns whether it
+        does (a weight on CPU); the weight is zero-padded to a multiple of 32 k."""
+        w = self.weight.detach()
+        if w.device.type != "cpu":
+            return False
+        self.q8 = nearest_q8_0(self._padded(w))
+        return True
+
     def _padded(self, w: torch.Tensor) -> torch.Tensor:
         """A bf16 weight [N, K] as `target.bf16dot` reads it: zero-padded to a multiple of 32 k (zeros add exact zeros),
         the inputs padded by `pad_k` to match."""
@@ -333,6 +350,9 @@ class RowDotLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         if self.bf16 is not None:
             return _bf16dot(F.pad(x, (0, self.pad_k)) if self.pad_k else x, self.bf16, self.bias)
+        if self.q8 is not None:
+            y = _bf16dot((F.pad(x, (0, self.pad_k)) if self.pad_k else x).to(torch.bfloat16), self.q8).float()
+            return y if self.bias is None else y + self.bias
         if self.split3 is not None:
             return _split3dot(F.pad(x, (0, self.pad_k)) if self.pad_k else x, self.split3, self.bias)
         return rowdot(x, self.weight if self.compact is None else self.compact, self.bias)
@@ -342,6 +362,7 @@ class RowDotLinear(nn.Module):
         form = source.form if isinstance(source, CompactWeight) else "bf16" if self.bf16 is not None else \
             "float32" if self.compact is None else self.compact.form
         form += " in three-part bf16 products" if self.split3 is not None else ""
+        form = "nearest q8_0 in bf16 products" if self.q8 is not None else form
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, " \
                f"weights={form}"
 
@@ -404,7 +425,9 @@ def concat_linears(linears: list[nn.Module]) -> nn.Module | None:
     if isinstance(linears[0], RowDotLinear):
         packed = all(m.compact is not None for m in linears)
         out = RowDotLinear(linear, forms=linears[0].forms if packed else ())
-        if all(m.split3 is not None for m in linears):
+        if all(m.q8 is not None for m in linears):  # each row's blocks are its own: the stacked codes are the same
+            out.serve_q8_0()
+        elif all(m.split3 is not None for m in linears):
             out.serve_split3()
         return out
     return AmxLinear(linear) if isinstance(linears[0], AmxLinear) else linear
@@ -435,6 +458,13 @@ def split3_linears(model: nn.Module) -> int:
     (`RowDotLinear.serve_split3`); returns how many do. For a served draft; the caller checks
     `target.bf16dot.available()` first."""
     return sum(m.serve_split3() for m in model.modules() if isinstance(m, RowDotLinear))
+
+
+def q8_0_linears(model: nn.Module) -> int:
+    """Make every `RowDotLinear` under `model` compute through `target.bf16dot` over the q8_0 codes nearest its
+    weight (`RowDotLinear.serve_q8_0`: lossy); returns how many do. For a served draft; the caller checks
+    `target.bf16dot.available()` first."""
+    return sum(m.serve_q8_0() for m in model.modules() if isinstance(m, RowDotLinear))
 
 
 def bf16_rowdot_linears(model: nn.Module, float32_model: nn.Module | None) -> int:

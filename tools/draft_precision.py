@@ -27,17 +27,18 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 
 from specwire.data.prompts import load_prompts
 from specwire.decode.draft_step import ServedStep, draft_products
 from specwire.decode.engine import SpecConfig, load_engine_draft, speculative_generate
-from specwire.decode.kernels import describe_features, kernel_of, load_decoding_target
+from specwire.decode.kernels import describe_features, kernel_of
 from specwire.decode.plain import plain_generate
 from specwire.draft.checkpoint import load_draft
 from specwire.safeio import write_json, write_text
+
+from draft_step_cost import add_pair_options, decoding_target  # tools/, beside this script
 
 
 def drafts(name: str, target) -> dict:
@@ -52,19 +53,13 @@ def drafts(name: str, target) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--draft", default="smollm2-135m-eagle3")
+    add_pair_options(ap)
     ap.add_argument("--prompts", default="mt-bench", help="a prompt set, as `specwire bench --prompts` takes it")
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--num-steps", type=int, default=4, help="the fixed chain depth (default: %(default)s)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtype", default="auto", help="the target's, as in decoding (default: %(default)s)")
-    ap.add_argument("--linear", default="auto", help="the target's, as in decoding (default: %(default)s)")
-    ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    target = load_decoding_target(args.target, dtype=args.dtype, linear=args.linear)
+    target = decoding_target(args)
     forms = drafts(args.draft, target)
     records = load_prompts(args.prompts, limit=args.limit)
     spec = SpecConfig(tree=False, num_steps=args.num_steps, budget="fixed", lookup=0)

@@ -128,19 +128,30 @@ def forms(draft_name: str, target) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_pair_options(ap: argparse.ArgumentParser) -> None:
+    """The options of a tool that loads a target as decoding does and a draft beside it (shared with
+    `tools/draft_precision.py`)."""
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default="smollm2-135m-eagle3")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--context", type=int, default=300, help="positions already cached (default: %(default)s)")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
     ap.add_argument("--dtype", default="auto", help="the target's, as in decoding (default: %(default)s)")
     ap.add_argument("--linear", default="auto", help="the target's, as in decoding (default: %(default)s)")
     ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args(argv)
+
+
+def decoding_target(args: argparse.Namespace):
+    """The target of `add_pair_options`'s arguments, loaded as decoding loads it, on --threads threads."""
     torch.set_num_threads(args.threads)
-    target = load_decoding_target(args.target, dtype=args.dtype, linear=args.linear)
+    return load_decoding_target(args.target, dtype=args.dtype, linear=args.linear)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pair_options(ap)
+    ap.add_argument("--context", type=int, default=300, help="positions already cached (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
+    args = ap.parse_args(argv)
+    target = decoding_target(args)
     drafts = forms(args.draft, target)
     step: list[float] = []
     draft_ms: dict[str, dict[int, list[float]]] = {name: {w: [] for w in WIDTHS} for name in drafts}

@@ -188,8 +188,10 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
     draft.attach_embeddings(target.parts.embed)  # (the draft casts what it reads from the target to its own dtype)
     if kernel == "rowdot":  # a draft stored in bf16 is read as bf16: exactly the same products at half the bytes
         rowdot_linears(draft, forms=("bf16",))
-        if bf16dot_available()[0]:  # the bf16 kernel: over q8_0 codes, or float32 inputs in three exact bf16 parts
-            q8_0_linears(draft) if weights == "q8_0" else split3_linears(draft)
+        if bf16dot_available()[0] and weights == "q8_0":  # the bf16 kernel over the nearest q8_0 codes
+            q8_0_linears(draft)
+        elif bf16dot_available()[0]:  # the bf16 kernel over the weights, float32 inputs in three exact bf16 parts
+            split3_linears(draft)
     elif kernel == "amx":
         amx_linears(draft)
     draft.served = ServedStep.build(draft)  # the decoding pass: packed products, fewer ops (`decode.draft_step`)

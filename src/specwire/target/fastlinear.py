@@ -348,13 +348,14 @@ class RowDotLinear(nn.Module):
         if (self.stock or x.numel() > MAX_INVARIANT_QUERIES * x.shape[-1]
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
+        padded = F.pad(x, (0, self.pad_k)) if self.pad_k else x  # what the bf16 kernel reads: K a multiple of 32
         if self.bf16 is not None:
-            return _bf16dot(F.pad(x, (0, self.pad_k)) if self.pad_k else x, self.bf16, self.bias)
-        if self.q8 is not None:
-            y = _bf16dot((F.pad(x, (0, self.pad_k)) if self.pad_k else x).to(torch.bfloat16), self.q8).float()
+            return _bf16dot(padded, self.bf16, self.bias)
+        if self.q8 is not None:  # a served draft: bf16 inputs over the nearest q8_0 codes, widened back
+            y = _bf16dot(padded.to(torch.bfloat16), self.q8).float()
             return y if self.bias is None else y + self.bias
         if self.split3 is not None:
-            return _split3dot(F.pad(x, (0, self.pad_k)) if self.pad_k else x, self.split3, self.bias)
+            return _split3dot(padded, self.split3, self.bias)
         return rowdot(x, self.weight if self.compact is None else self.compact, self.bias)
 
     def extra_repr(self) -> str:

@@ -4,7 +4,8 @@
 packed into one product each, no module calls), the proposer slices rope from a table, and a float32 RMSNorm
 runs torch's fused op: each is there only to make a draft step cheaper (issue 16: a draft step at most 0.04 of a
 target step), so each must leave the proposals as they were. With rowdot, whose rows are independent of the
-rows beside them, that is bitwise.
+rows beside them, that is bitwise, over the draft's exact weights and over the q8_0 codes it reads by default alike.
+`tools/draft_precision.py`, which measures what those codes do to acceptance, runs end to end here too.
 """
 
 from __future__ import annotations
@@ -193,3 +194,34 @@ def test_the_float32_norm_is_bitwise_the_formula_and_bf16_keeps_the_formula():
         y = xb.float()
         want = half.weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + half.eps)).to(torch.bfloat16)
         assert torch.equal(half(xb), want)
+
+
+def test_the_draft_precision_tool_compares_the_served_draft_with_the_exact_one(tiny_target, tmp_path, monkeypatch):
+    """tools/draft_precision.py (the acceptance table in docs/BENCHMARKS.md) runs end to end on a tiny target: every
+    form of the draft decodes every prompt exactly as plain greedy decoding does, and the served form is named as
+    the engine serves it."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    monkeypatch.syspath_prepend(str(tools))  # it imports draft_step_cost from beside itself
+    spec = importlib.util.spec_from_file_location("draft_precision", tools / "draft_precision.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tiny_target("llama")
+    ckpt = random_tiny_draft(load_target(path, device="cpu", dtype="float32"), tmp_path / "d", draft_vocab_size=64)
+    stored = save_draft(load_draft(ckpt), tmp_path / "d16", dtype=torch.bfloat16)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("say hello", "count to five", "why?")))
+    assert mod.main(["--target", str(path), "--draft", str(stored), "--prompts", str(prompts), "--max-new-tokens",
+                     "12", "--num-steps", "3", "--threads", "1", "--dtype", "float32", "--linear", "rowdot",
+                     "--out", str(tmp_path / "out")]) == 0
+    forms = json.loads((tmp_path / "out" / "results.json").read_text())["forms"]
+    served = "q8_0 weights, bf16 products" if bf16dot.available()[0] else "rowdot, bf16 weights"
+    assert list(forms) == [f"served ({served})", f"exact ({'three-part bf16' if bf16dot.available()[0] else served})",
+                           "bf16 throughout (torch, bfloat16, lean pass)"]
+    for form in forms.values():
+        assert form["identical"] == form["prompts"] == 3
+        assert form["tokens_per_pass"] >= 1 and len(form["accept_per_position"]) == 3
+    assert "| draft | tokens per verify pass |" in (tmp_path / "out" / "results.md").read_text()

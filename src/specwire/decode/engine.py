@@ -188,9 +188,11 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
     draft.attach_embeddings(target.parts.embed)  # (the draft casts what it reads from the target to its own dtype)
     if kernel == "rowdot":  # a draft stored in bf16 is read as bf16: exactly the same products at half the bytes
         rowdot_linears(draft, forms=("bf16",))
-        if bf16dot_available()[0] and weights == "q8_0":  # the bf16 kernel over the nearest q8_0 codes
+        if not bf16dot_available()[0]:
+            pass  # rowdot over the (bf16) weights
+        elif weights == "q8_0":  # the bf16 kernel over the nearest q8_0 codes
             q8_0_linears(draft)
-        elif bf16dot_available()[0]:  # the bf16 kernel over the weights, float32 inputs in three exact bf16 parts
+        else:  # the bf16 kernel over the weights, float32 inputs in three exact bf16 parts
             split3_linears(draft)
     elif kernel == "amx":
         amx_linears(draft)

@@ -337,8 +337,8 @@ class RowDotLinear(nn.Module):
         return True
 
     def _padded(self, w: torch.Tensor) -> torch.Tensor:
-        """A bf16 weight [N, K] as `target.bf16dot` reads it: zero-padded to a multiple of 32 k (zeros add exact zeros),
-        the inputs padded by `pad_k` to match."""
+        """A weight [N, K] as `target.bf16dot` reads it (bf16, or the float32 one q8_0 codes are taken from): zero-padded
+        to a multiple of 32 k (zeros add exact zeros, and quantize to exact zeros), the inputs padded by `pad_k`."""
         from specwire.target.bf16dot import BLOCK_K as K32
 
         self.pad_k = -self.in_features % K32

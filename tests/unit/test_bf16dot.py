@@ -53,6 +53,29 @@ def test_rows_are_bitwise_independent_of_the_rows_beside_them(form, n, k, bias):
     assert ((y - ref).abs() <= 2 ** -7 * ref.abs() + 1e-3).all()  # float32 sums, rounded once to bf16
 
 
+@pytest.mark.parametrize("n", [8, 7])  # tiles of 4 columns, and a tail of 3 computed one column at a time
+@pytest.mark.parametrize("bias", [False, True])
+def test_each_output_is_its_float32_sum_rounded_once_to_nearest_even(n, bias):
+    """One non-zero input a row makes each output one exact product plus the bias, a single float32 addition, so
+    the kernel's output is known: that sum rounded to bf16 as torch rounds it (nearest, ties to even; a NaN stays
+    a NaN, a sum past bf16's largest number becomes infinite). The values hit ties both ways, infinities, an
+    infinity minus itself and float32's largest number."""
+    one, ulp = 1.0, 2.0 ** -7  # bf16's spacing at 1
+    w = torch.zeros(n, 32)
+    w[:, 5] = torch.tensor([one, one + ulp, -(one + ulp), float("inf"), 3.0, -2.0, 1.5, 2.0 ** 127][:n])
+    b = torch.tensor([ulp / 2, ulp / 2, -ulp / 2, float("-inf"), ulp / 4 * 3, 2.0 ** -9, -ulp, 2.0 ** 127][:n])
+    x = torch.zeros(4, 32)
+    x[:, 5] = torch.tensor([1.0, -1.0, 1.9921875, 0.5])  # bf16 numbers: every product is exact in float32
+    w16, x16, b16 = w.bfloat16(), x.bfloat16(), b.bfloat16() if bias else None
+    sums = x16.float() @ w16.float().T + (b16.float() if bias else 0)  # one product and the bias: exact order
+    want = sums.bfloat16()  # shape: [4, n]
+    got = bf16dot.bf16dot(x16, w16, b16)
+    same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+    assert same.all(), f"rounded differently at {same.logical_not().nonzero().tolist()}: {got} against {want}"
+    if bias:  # the biases above make ties: 1 + ulp/2 rounds down to 1, 1 + ulp + ulp/2 up to 1 + 2 ulp
+        assert got[0, 0].item() == 1.0 and got[0, 1].item() == 1.0 + 2 * ulp and got[0, 3].isnan()
+
+
 def test_threads_and_shapes_do_not_change_a_row():
     _, src = _source("q4_1", 96, 64)
     x = torch.randn(2, 3, 64).bfloat16()

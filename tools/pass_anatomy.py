@@ -113,7 +113,7 @@ def slope(xs: list[int], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--threads", type=int, default=2)
@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,2,4,8,12,16")
     ap.add_argument("--reps", type=int, default=20, help="interleaved repetitions; medians reported")
     ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     ok, why = bf16dot.available()
     if not ok:
         raise SystemExit(f"pass_anatomy.py: needs the bf16 rowdot kernel: {why}")

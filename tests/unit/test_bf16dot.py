@@ -6,7 +6,9 @@ on 1 and 2 threads; reading the codes gives bitwise what reading the bf16 weight
 bf16 products to within the output's rounding; a served draft's layer over the nearest q8_0 codes of its weight
 (`RowDotLinear.serve_q8_0`) keeps its rows independent and packs bitwise. A GGUF-like tiny target loads with it,
 reads its codes, keeps its passes bitwise single steps and decodes speculatively token for token as it decodes
-plainly; a layer whose codes do not rebuild its bf16 weight reads the weight instead. This machine has AVX512-BF16 (`lscpu`), so nothing here
+plainly; a layer whose codes do not rebuild its bf16 weight reads the weight instead. Each output is its float32 sum
+rounded once to nearest even. The two tools that measure the kernel (`tools/pass_anatomy.py`, `tools/kernel_ab.py`)
+run end to end on a tiny target. This machine has AVX512-BF16 (`lscpu`), so nothing here
 skips on it; a CPU without gets the refusal, tested below.
 """
 
@@ -272,3 +274,51 @@ def test_a_q8_0_draft_layer_reads_the_nearest_codes_and_packs_them_bitwise(k):
         assert torch.equal(packed(x), torch.cat([m(x) for m in layers], dim=-1))
     assert "nearest q8_0 in bf16 products" in repr(packed)
 
+
+
+def _tool(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_pass_anatomy_tool_splits_a_pass_and_measures_the_peak(tmp_path):
+    """tools/pass_anatomy.py (docs/BENCHMARKS.md) runs end to end on a tiny GGUF-like target: the parts of each
+    timed pass add up to it, and a row's instruction count is the products' N * K / 32."""
+    import json
+
+    from specwire.target.fastlinear import RowDotLinear
+
+    path = make_gguf_like_target_dir(tmp_path)
+    _tool("pass_anatomy").main(["--target", str(path), "--tokens", "1,2,4", "--reps", "1", "--out", str(tmp_path / "o")])
+    r = json.loads((tmp_path / "o" / "results.json").read_text())
+    for T in ("1", "2", "4"):
+        parts = r["ms"]["products"][T] + r["ms"]["attention"][T] + r["ms"]["other"][T]
+        assert abs(parts - r["ms"]["timed pass"][T]) < 1e-2 and r["ms"]["products"][T] > 0 and r["ms"]["attention"][T] > 0
+    from specwire.decode.kernels import load_decoding_target
+
+    model = load_decoding_target(str(path), device="cpu", dtype="bfloat16", linear="rowdot").model
+    layers = [m for m in model.modules() if isinstance(m, RowDotLinear) and m.bf16 is not None]
+    assert r["products"] == len(layers) > 0
+    assert r["vdpbf16ps_per_row"] == sum(m.out_features * (m.in_features + m.pad_k) // 32 for m in layers)
+    assert r["peak_vdpbf16ps_per_s"] > 0 and "products_share_of_peak" in r
+    assert "of the peak" in (tmp_path / "o" / "results.md").read_text()
+
+
+def test_the_kernel_ab_tool_finds_the_same_logits_with_the_committed_kernel(tmp_path, capsys):
+    """tools/kernel_ab.py builds the kernels of a commit (here HEAD) beside this tree's and swaps them pass by pass
+    on one target: the logits are bitwise equal (this tree's kernels keep every chain), both rows are timed, and the
+    libraries are put back after."""
+    from specwire.target import rowdot
+
+    path = make_gguf_like_target_dir(tmp_path)
+    loaders = (bf16dot.library, rowdot.library)
+    _tool("kernel_ab").main(["--before", "HEAD", "--target", str(path), "--tokens", "1,3", "--reps", "1"])
+    out = capsys.readouterr().out
+    assert "Logits bitwise equal for every T: **yes**" in out
+    assert "| HEAD |" in out and "| this tree |" in out
+    assert (bf16dot.library, rowdot.library) == loaders

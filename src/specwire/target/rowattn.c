@@ -29,6 +29,10 @@
  * 16 exps to the denominator's 8 lanes as two halves in rank order. The maximum is taken 8 lanes at a time.
  * On a 2-core AMX Xeon, a 9-row tree pass over 300 cached keys of the built-in target (9 heads, 3 key/value
  * heads of 64) went from 142 to 92 us a layer, and a one-token step from 35 to 27 us, bitwise the same.
+ * Where dk is a multiple of 8 it also takes the cached prefix's keys four at a time and folds their four score
+ * chains together (`fold8x4`: the additions of `fold8`, lane for lane), instead of one fold of scalar steps per
+ * key: on a 2-core Zen 4 a pass over 4-16 rows and 256-300 cached keys of the built-in target took about a fifth
+ * less time, bitwise the same.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -66,6 +70,16 @@ static inline __attribute__((always_inline)) __m512 kv8x2(const int BF, const vo
                               _mm256_loadu_ps((const float *)b + c), 1);
 }
 #define QDUP_MAX 256  /* the widest head (dk) the two-key scores take */
+
+/* fold8 of lanes 0-7 and 8-15 of a and of b at once, the same additions lane for lane: the four sums in order */
+static inline __attribute__((always_inline)) __m128 fold8x4(__m512 a, __m512 b) {
+    /* lane i + lane i+4 of each half: quarters [a 0-7, a 8-15, b 0-7, b 8-15] */
+    const __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+    const __m512 t = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E));        /* i + i+2 */
+    const __m512 r = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));        /* i + i+1 */
+    return _mm512_castps512_ps128(
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), r));
+}
 #endif
 
 /* exp(x) for x <= 0, lane by lane: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-7 polynomial (Cephes'
@@ -153,6 +167,22 @@ static inline __attribute__((always_inline)) void rowattn_group(
             for (int64_t d = 0; d < dk8; d += 8) {
                 memcpy(qd[c] + 2 * d, qi[c] + d, 8 * sizeof(float));
                 memcpy(qd[c] + 2 * d + 8, qi[c] + d, 8 * sizeof(float));
+            }
+        if (dk8 == dk)
+            for (; j0 + 4 <= past; j0 += 4) {  /* two pairs of keys, their four folds at once */
+                const int64_t e0 = kb + j0 * ks_t, e2 = e0 + 2 * ks_t;
+                __m512 acc[GMAX], acc2[GMAX];
+                for (int c = 0; c < G; c++) acc[c] = acc2[c] = _mm512_setzero_ps();
+                for (int64_t d = 0; d < dk8; d += 8) {
+                    const __m512 kv = kv8x2(BF, k, e0 + d, e0 + ks_t + d), kv2 = kv8x2(BF, k, e2 + d, e2 + ks_t + d);
+                    for (int c = 0; c < G; c++) {
+                        const __m512 qv = _mm512_load_ps(qd[c] + 2 * d);
+                        acc[c] = _mm512_fmadd_ps(qv, kv, acc[c]);
+                        acc2[c] = _mm512_fmadd_ps(qv, kv2, acc2[c]);
+                    }
+                }
+                for (int c = 0; c < G; c++) _mm_storeu_ps(s[c] + n, fold8x4(acc[c], acc2[c]));
+                n += 4;
             }
         for (; j0 + 2 <= past; j0 += 2) {
             const int64_t e0 = kb + j0 * ks_t;

@@ -32,6 +32,7 @@ from specwire.target import bf16dot, rowdot
 from specwire.target.kvcache import decoding_cache
 from specwire.target.passes import padded_pass, pass_rows
 
+
 def build_before(commit: str, sources: tuple[Path, ...], headers: tuple[Path, ...], flags, now: ctypes.CDLL,
                  abi: str, tmp: Path) -> ctypes.CDLL:
     """The library of `sources` (and the `headers` they include) as they were at `commit`, built with `flags`, its
@@ -51,7 +52,7 @@ def build_before(commit: str, sources: tuple[Path, ...], headers: tuple[Path, ..
     if getattr(lib, abi)() != getattr(now, abi)():
         raise SystemExit(f"kernel_ab.py: {commit}'s {sources[0].name} has ABI {getattr(lib, abi)()}, this tree's "
                          f"{getattr(now, abi)()}: their calls differ")
-    for name, fn in vars(now).items():  # the entry points this tree's callers have typed so far
+    for name, fn in vars(now).items():  # the entry points this tree's loader typed (`_library` types them all)
         if isinstance(fn, ctypes._CFuncPtr):
             getattr(lib, name).argtypes, getattr(lib, name).restype = fn.argtypes, fn.restype
     return lib
@@ -59,7 +60,7 @@ def build_before(commit: str, sources: tuple[Path, ...], headers: tuple[Path, ..
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", required=True, help="the commit whose kernel source to compare with")
+    ap.add_argument("--before", required=True, help="the commit whose kernel sources to compare with")
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--threads", type=int, default=2)

@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     for m in products:
         m.forward = timers.wrap(m.forward, "products")
     name = model.config._attn_implementation
-    AttentionInterface.register(name, timers.wrap(ALL_ATTENTION_FUNCTIONS[name], "attention"))
+    attention = ALL_ATTENTION_FUNCTIONS[name]
+    AttentionInterface.register(name, timers.wrap(attention, "attention"))  # put back below
     per_row = sum(m.out_features * (m.in_features + m.pad_k) // 32 for m in products)  # VDPBF16PS a row
 
     rows = pass_rows(model, decoding_cache(model))
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
                     for p, s in timers.spent.items():
                         ms[p][T].append(1000 * s)
                     ms["other"][T].append(1000 * (total - sum(timers.spent.values())))
-    timers.on = False
+    AttentionInterface.register(name, attention)
     med = {p: {T: statistics.median(v) for T, v in by_t.items()} for p, by_t in ms.items()}
     rate = statistics.median(rates)
     big = [T for T in tokens if T >= 2]

@@ -288,13 +288,21 @@ def _tool(name: str):
 
 def test_the_pass_anatomy_tool_splits_a_pass_and_measures_the_peak(tmp_path):
     """tools/pass_anatomy.py (docs/BENCHMARKS.md) runs end to end on a tiny GGUF-like target: the parts of each
-    timed pass add up to it, and a row's instruction count is the products' N * K / 32."""
+    timed pass add up to it, a row's instruction count is the products' N * K / 32, and the attention it timed is
+    registered as it was before."""
     import json
 
     from specwire.target.fastlinear import RowDotLinear
 
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from specwire.target.attention import ATTENTION_NAME, invariant_attention
+
     path = make_gguf_like_target_dir(tmp_path)
+    attention = {k: ALL_ATTENTION_FUNCTIONS[k] for k in list(ALL_ATTENTION_FUNCTIONS.keys())}
     _tool("pass_anatomy").main(["--target", str(path), "--tokens", "1,2,4", "--reps", "1", "--out", str(tmp_path / "o")])
+    assert all(ALL_ATTENTION_FUNCTIONS[k] is f for k, f in attention.items())  # its timer taken off again
+    assert ALL_ATTENTION_FUNCTIONS[ATTENTION_NAME] is invariant_attention
     r = json.loads((tmp_path / "o" / "results.json").read_text())
     for T in ("1", "2", "4"):
         parts = r["ms"]["products"][T] + r["ms"]["attention"][T] + r["ms"]["other"][T]

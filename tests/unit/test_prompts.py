@@ -19,6 +19,7 @@ from specwire.data.prompts import (
     find_benchmark_overlap,
     load_prompts,
     normalize_text,
+    one_per_category,
     pool_path,
 )
 
@@ -78,6 +79,22 @@ def test_limit_takes_the_first_n():
     assert [r.id for r in load_prompts("mt-bench", limit=3)] == ["mt-bench:81", "mt-bench:82", "mt-bench:83"]
     with pytest.raises(SpecwireError, match="limit"):
         load_prompts("mt-bench", limit=0)
+
+
+def test_spread_mt_bench_takes_the_categories_in_turn():
+    """`mt-bench:spread` (the demo's sample): the same 80 prompts, the eight categories in turn, so the first 8 are
+    one of each; within a category the stored order is kept."""
+    spread, stored = load_prompts("mt-bench:spread"), load_prompts("mt-bench")
+    assert sorted(r.id for r in spread) == sorted(r.id for r in stored)
+    assert len({r.category for r in spread[:8]}) == 8 and spread[8].category == spread[0].category
+    assert [r.id for r in load_prompts("mt-bench:spread", limit=3)] == ["mt-bench:81", "mt-bench:91", "mt-bench:101"]
+
+
+def test_one_per_category_drops_a_category_that_runs_out():
+    recs = [PromptRecord(messages=({"role": "user", "content": str(i)},), id=str(i), source="x", category=c)
+            for i, c in enumerate("aaabbc")]
+    assert [r.id for r in one_per_category(recs)] == ["0", "3", "5", "1", "4", "2"]
+    assert one_per_category([]) == []
 
 
 def test_unknown_source_is_a_user_error(tmp_path):

@@ -63,7 +63,7 @@ class BenchConfig:
 
     target: str = "smollm2-135m"  # built-in target name or HF folder
     draft: str | None = "smollm2-135m-eagle3"  # draft folder or shipped name; needed only by eagle3 methods
-    prompts: str = "mt-bench"  # mt-bench, humaneval, or a JSONL file
+    prompts: str = "mt-bench"  # mt-bench (mt-bench:spread: its 8 categories in turn), humaneval, or a JSONL file
     limit: int | None = None  # first N prompts (default: all)
     max_new_tokens: int = 128  # new tokens per prompt
     methods: tuple[str, ...] = METHODS  # comma-separated subset of the methods; plain always runs (it is the oracle)

@@ -19,6 +19,7 @@ from specwire.bench.report import render_budgets, render_lookup, render_position
 from specwire.bench.run import default_run_dir, run_bench
 from specwire.decode.engine import SpecConfig, load_engine_draft
 from specwire.decode.generate import decode_reply
+from specwire.data.prompts import SPREAD_MT_BENCH
 from specwire.draft.model import SHIPPED_DRAFT
 from specwire.errors import SpecwireError
 from specwire.decode.kernels import load_decoding_target
@@ -70,7 +71,7 @@ class DemoConfig:
     target: str = BUILTIN_TARGET  # built-in target name or HF model folder
     draft: str = SHIPPED_DRAFT  # draft folder or the shipped draft (missing shipped draft: plain decoding)
     max_new_tokens: int = 64  # new tokens per streamed answer
-    bench_prompts: int = 4  # MT-bench prompts in the benchmark
+    bench_prompts: int = 8  # MT-bench prompts in the benchmark, one from each category in turn ("mt-bench:spread")
     bench_tokens: int = 64  # new tokens per benchmark prompt
     out: str | None = None  # benchmark run folder (default: runs/demo-mt-bench-<timestamp>/)
     device: str | None = None  # torch device (None: cuda when available, else cpu)
@@ -170,12 +171,13 @@ def run_demo(config: DemoConfig, *, say: Callable[..., None] = print) -> BenchRe
 
     methods = ("hf-generate", "plain") + (DRAFT_METHODS if draft is not None else ())
     bench = BenchConfig(
-        target=config.target, draft=config.draft if draft is not None else None, prompts="mt-bench",
+        target=config.target, draft=config.draft if draft is not None else None, prompts=SPREAD_MT_BENCH,
         limit=config.bench_prompts, max_new_tokens=config.bench_tokens, methods=methods, device=config.device,
         dtype=config.dtype, linear=config.linear, threads=config.threads, warmup_tokens=DEMO_WARMUP_TOKENS,
         out_dir=config.out or str(default_run_dir("mt-bench", prefix="demo")),
     )
-    say(f"benchmark: {', '.join(methods)} on {config.bench_prompts} MT-bench prompts, {config.bench_tokens} new tokens, "
+    say(f"benchmark: {', '.join(methods)} on {config.bench_prompts} MT-bench prompts (categories in turn), "
+        f"{config.bench_tokens} new tokens, "
         "same run, outputs checked against plain greedy:")
     report = run_bench(bench, target=target, draft=draft)
     say("\n" + render_table(report))

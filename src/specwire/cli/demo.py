@@ -15,8 +15,9 @@ from specwire.cli.options import add_config_options, add_model_options, config_f
 def add_cli(sub) -> None:
     p = sub.add_parser("demo", help="the main job on built-in defaults",
                        description="Load the built-in target and its shipped draft, print the wiring table, stream a few "
-                       "answers with tree speculation, benchmark hf-generate / plain / eagle3-chain / eagle3-tree on a "
-                       "handful of MT-bench prompts (lossless check included), and print the doctor's verdict. Without "
+                       "answers with tree speculation, benchmark hf-generate / plain / eagle3-chain / eagle3-tree on "
+                       "MT-bench prompts, one of each category in turn (lossless check included), and print the "
+                       "doctor's verdict. Without "
                        "an installed draft it decodes plainly and says so.")
     add_model_options(p, draft=True, linear=True)
     add_config_options(p, DemoConfig, only=("max_new_tokens", "bench_prompts", "bench_tokens", "out"))

@@ -32,6 +32,7 @@ from typing import Iterable, Iterator, Sequence
 from specwire.errors import SpecwireError
 
 BUILTIN_SOURCES = ("mt-bench", "humaneval", "pool")
+SPREAD_MT_BENCH = "mt-bench:spread"  # MT-bench with its categories taken in turn (`one_per_category`)
 
 # HumanEval prompts are code prefixes (signature + docstring), made for base-model completion. A chat
 # target needs an instruction, so each one is wrapped in this user turn. The training pool's
@@ -78,13 +79,17 @@ def load_prompts(source: str | os.PathLike, *, limit: int | None = None) -> list
 
     `limit` keeps the first N. The pool is stored shuffled, so its first N are a mixed sample. Parts of the
     pool: "pool:synthetic" (sources starting with a prefix; "pool:stdlib,shakespeare" for several) and
-    "pool[512:1000]" (a slice of the stored order), so separate dumps can take disjoint parts.
+    "pool[512:1000]" (a slice of the stored order), so separate dumps can take disjoint parts. MT-bench is stored
+    category by category (ten writing prompts first); "mt-bench:spread" takes its categories in turn
+    (`one_per_category`), so its first N cover min(N, 8) categories.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise SpecwireError(f"limit must be a positive integer or None, found {limit!r}.")
     name = os.fspath(source)
     if name == "mt-bench":
         records = _load_mt_bench()
+    elif name == SPREAD_MT_BENCH:
+        records = one_per_category(_load_mt_bench())
     elif name == "humaneval":
         records = _load_humaneval()
     elif name == "pool" or name.startswith(("pool:", "pool[")):
@@ -93,10 +98,21 @@ def load_prompts(source: str | os.PathLike, *, limit: int | None = None) -> list
         records = _load_jsonl(Path(name))
     else:
         raise SpecwireError(
-            f"Prompt source {name!r} is neither one of {', '.join(BUILTIN_SOURCES)} nor an existing file.",
+            f"Prompt source {name!r} is neither one of {', '.join(BUILTIN_SOURCES + (SPREAD_MT_BENCH,))} nor an "
+            f"existing file.",
             fix="pass one of those names, or the path of a JSONL file with one prompt per line.",
         )
     return records[:limit] if limit is not None else records
+
+
+def one_per_category(records: Sequence[PromptRecord]) -> list[PromptRecord]:
+    """The records reordered so that categories take turns: the first of each category (in order of first
+    appearance), then the second of each, and so on; a category that runs out drops out of the turns."""
+    by_category: dict[str, list[PromptRecord]] = {}
+    for r in records:
+        by_category.setdefault(r.category, []).append(r)
+    rounds = max((len(rs) for rs in by_category.values()), default=0)
+    return [rs[i] for i in range(rounds) for rs in by_category.values() if i < len(rs)]
 
 
 # ----------------------------------------------------------------------------- built-in sources

@@ -3,7 +3,8 @@
 Owns:
 - `PromptRecord`, the one shape every prompt takes here: OpenAI-style messages that end with the
   user turn the target must answer.
-- `load_prompts(source)`: "mt-bench" (80 first turns), "humaneval" (164 problems), "pool" (the
+- `load_prompts(source)`: "mt-bench" (80 first turns; "mt-bench:spread" the same with its categories in turn,
+  `one_per_category`), "humaneval" (164 problems), "pool" (the
   training pool shipped in `specwire/data/pool/`), or a path to a JSONL file in any of three forms
   (`{"prompt"}`, OpenAI `{"messages"}`, SpecForge/ShareGPT `{"conversations"}`).
 - The benchmark-overlap check (`find_benchmark_overlap`) that keeps the training pool disjoint from

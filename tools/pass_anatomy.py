@@ -15,7 +15,7 @@ change on it can make them much cheaper; what is left is how many of the rows th
 
     python tools/pass_anatomy.py --threads 2 --out docs/bench/pass-anatomy-zen4
 
-Writes results.md and results.json into --out. Needs AVX512-BF16 (and a C compiler with OpenMP, as the kernel does).
+Writes results.md, results.json and results.png (stacked bars of the three parts against T) into --out. Needs AVX512-BF16 (and a C compiler with OpenMP, as the kernel does).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from specwire.decode.kernels import describe_features, kernel_of, load_decoding_target
-from specwire.safeio import write_json, write_text
+from specwire.safeio import atomic_path, write_json, write_text
 from specwire.target import bf16dot
 from specwire.target.fastlinear import RowDotLinear
 from specwire.target.kvcache import decoding_cache
@@ -105,6 +105,35 @@ class Timers:
             self.spent[part] += time.perf_counter() - t0
             return y
         return run
+
+
+def plot(tokens: list[int], med: dict[str, dict[int, float]], peak_row_ms: float, path: Path) -> None:
+    """Stacked bars: each pass's products, attention and the rest, against T; the products' cost at the peak rate
+    (the intercept at one row, plus `peak_row_ms` a row) dashed beside them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(tokens)
+    x = range(len(tokens))
+    for part, label in (("products", "products"), ("attention", "attention"), ("other", "everything else")):
+        heights = [med[part][T] for T in tokens]
+        ax.bar(x, heights, bottom=bottom, label=label)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    first = med["products"][tokens[0]]
+    ax.plot(x, [first + peak_row_ms * (T - tokens[0]) for T in tokens], "k--", lw=1,
+            label="products if each further row ran at the bf16 peak")
+    ax.set_xticks(list(x), [str(T) for T in tokens])
+    ax.set_xlabel("tokens in one target pass (T)")
+    ax.set_ylabel("ms per pass (timers on)")
+    ax.set_title("Where a pass's time goes (bfloat16/rowdot)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
 
 
 def slope(xs: list[int], ys: list[float]) -> float:
@@ -201,7 +230,9 @@ def main(argv: list[str] | None = None) -> None:
               f"median of a run in each repetition), "
               f"{peak_row_ms:.3f} ms a row at that rate. The products add {row_ms['products']:.3f} ms a row: "
               f"**{100 * share:.0f}% of the peak**."]
+    lines += ["", "![where a pass's time goes](results.png)"]
     write_text(args.out / "results.md", "\n".join(lines) + "\n")
+    plot(tokens, med, peak_row_ms, args.out / "results.png")
     print("\n".join(lines))
 
 

@@ -315,6 +315,7 @@ def test_the_pass_anatomy_tool_splits_a_pass_and_measures_the_peak(tmp_path):
     assert r["vdpbf16ps_per_row"] == sum(m.out_features * (m.in_features + m.pad_k) // 32 for m in layers)
     assert r["peak_vdpbf16ps_per_s"] > 0 and "products_share_of_peak" in r
     assert "of the peak" in (tmp_path / "o" / "results.md").read_text()
+    assert (tmp_path / "o" / "results.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_kernel_ab_tool_finds_the_same_logits_with_the_committed_kernel(tmp_path, capsys):

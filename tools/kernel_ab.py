@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
+import hashlib
 import statistics
 import subprocess
 import tempfile
@@ -31,6 +31,7 @@ from specwire.decode.kernels import describe_features, load_decoding_target
 from specwire.target import bf16dot, rowdot
 from specwire.target.kvcache import decoding_cache
 from specwire.target.passes import padded_pass, pass_rows
+from specwire.target.rowdot import build_library
 
 
 def build_before(commit: str, sources: tuple[Path, ...], headers: tuple[Path, ...], flags, now: ctypes.CDLL,
@@ -46,9 +47,12 @@ def build_before(commit: str, sources: tuple[Path, ...], headers: tuple[Path, ..
         text = subprocess.run(["git", "show", f"{commit}:{rel}"], capture_output=True, text=True, check=True,
                               cwd=root).stdout
         (out / path.name).write_text(text)
-    subprocess.run([os.environ.get("CC", "cc"), *flags, *(str(out / p.name) for p in sources), "-o",
-                    str(out / "lib.so")], check=True)
-    lib = ctypes.CDLL(str(out / "lib.so"))
+    texts = [(out / p.name).read_text() for p in sources + headers]
+    digest = hashlib.sha256("\0".join([*texts, *flags]).encode()).hexdigest()[:16]
+    lib, why = build_library(tuple(out / p.name for p in sources), tuple(flags), digest,  # as the kernels build
+                             f"specwire-ab-{sources[0].stem}", f"{commit}'s {sources[0].name}")
+    if lib is None:
+        raise SystemExit(f"kernel_ab.py: {why}")
     if getattr(lib, abi)() != getattr(now, abi)():
         raise SystemExit(f"kernel_ab.py: {commit}'s {sources[0].name} has ABI {getattr(lib, abi)()}, this tree's "
                          f"{getattr(now, abi)()}: their calls differ")

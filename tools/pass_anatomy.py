@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
+import hashlib
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -39,14 +38,16 @@ from specwire.target import bf16dot
 from specwire.target.fastlinear import RowDotLinear
 from specwire.target.kvcache import decoding_cache
 from specwire.target.passes import padded_pass, pass_rows
+from specwire.target.rowdot import build_library
 
 PEAK_SOURCE = r"""
 #include <immintrin.h>
 #include <omp.h>
-/* seconds for `iters` rounds of 24 independent VDPBF16PS chains on each of `threads` threads: each chain its own
- * register, stepped in turn (the empty volatile asm keeps every step) */
+/* seconds for `iters` rounds of peak_chains independent VDPBF16PS chains on each of `threads` threads: each chain
+ * its own register, stepped in turn (the empty volatile asm keeps every step) */
 #define STEP(a) a = _mm512_dpbf16_ps(a, x, w); __asm__ volatile("" : "+v"(a));
 #define EIGHT(p) STEP(p##0) STEP(p##1) STEP(p##2) STEP(p##3) STEP(p##4) STEP(p##5) STEP(p##6) STEP(p##7)
+const int peak_chains = 3 * 8; /* EIGHT(a) EIGHT(b) EIGHT(c) below */
 double peak_seconds(long iters, int threads) {
     double t0 = omp_get_wtime();
     _Pragma("omp parallel num_threads(threads)")
@@ -64,8 +65,8 @@ double peak_seconds(long iters, int threads) {
     return omp_get_wtime() - t0;
 }
 """
+PEAK_FLAGS = ("-O2", "-mavx512f", "-mavx512bf16", "-fopenmp", "-fPIC", "-shared")
 PARTS = ("products", "attention", "other")
-CHAINS = 24  # PEAK_SOURCE's
 
 
 class PeakLoop:
@@ -73,12 +74,15 @@ class PeakLoop:
 
     def __init__(self, threads: int, seconds: float = 0.03):
         self.threads = threads
-        self._tmp = tempfile.TemporaryDirectory()
-        src, lib = Path(self._tmp.name, "peak.c"), Path(self._tmp.name, "peak.so")
-        src.write_text(PEAK_SOURCE)
-        subprocess.run([os.environ.get("CC", "cc"), "-O2", "-mavx512f", "-mavx512bf16", "-fopenmp", "-fPIC", "-shared",
-                        str(src), "-o", str(lib)], check=True)
-        self._fn = ctypes.CDLL(str(lib)).peak_seconds
+        with tempfile.TemporaryDirectory() as tmp:  # built as the kernels are (`rowdot.build_library`), cached
+            src = Path(tmp, "peak.c")
+            src.write_text(PEAK_SOURCE)
+            digest = hashlib.sha256("\0".join([PEAK_SOURCE, *PEAK_FLAGS]).encode()).hexdigest()[:16]
+            lib, why = build_library((src,), PEAK_FLAGS, digest, "specwire-peak", "the bf16 peak loop")
+        if lib is None:
+            raise SystemExit(f"pass_anatomy.py: {why}")
+        self.chains = ctypes.c_int.in_dll(lib, "peak_chains").value
+        self._fn = lib.peak_seconds
         self._fn.argtypes, self._fn.restype = [ctypes.c_long, ctypes.c_int], ctypes.c_double
         self.iters = 10_000
         while self._fn(self.iters, threads) < seconds:
@@ -86,7 +90,7 @@ class PeakLoop:
 
     def rate(self) -> float:
         """VDPBF16PS instructions a second on all threads, one run."""
-        return self.iters * CHAINS * self.threads / self._fn(self.iters, self.threads)
+        return self.iters * self.chains * self.threads / self._fn(self.iters, self.threads)
 
 
 class Timers:
@@ -226,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
         tail = f" {row_ms[p]:.3f} |" if p in row_ms else " |"
         lines.append(f"| {label} | " + " | ".join(f"{med[p][T]:.2f}" for T in tokens) + " |" + tail)
     lines += ["", f"A row needs {per_row / 1e6:.2f} million `VDPBF16PS` over the products; this CPU ran "
-              f"{rate / 1e9:.2f} billion a second on {args.threads} threads ({CHAINS} independent chains a thread, the "
+              f"{rate / 1e9:.2f} billion a second on {args.threads} threads ({peak.chains} independent chains a thread, the "
               f"median of a run in each repetition), "
               f"{peak_row_ms:.3f} ms a row at that rate. The products add {row_ms['products']:.3f} ms a row: "
               f"**{100 * share:.0f}% of the peak**."]

@@ -7,7 +7,7 @@ with the draft served three ways beside the same target (loaded as decoding load
 auto` by default):
 
   - served: what `decode.engine.load_engine_draft` serves by default (where the CPU has AVX512-BF16: the bf16
-    kernel over the q8_0 codes nearest the draft's weights, inputs rounded to bf16, float32 elsewhere);
+    kernel's int16 product over the q8_0 codes nearest the draft's weights, `bf16dot.q8i16dot`; float32 elsewhere);
   - exact: `load_engine_draft(..., weights="exact")`, the weights as stored and float32 activations (three-part
     bf16 products on AVX512-BF16, rowdot over the bf16 weights elsewhere);
   - bf16 throughout: the draft loaded in bf16, its products nn.Linear in bf16, served by the same lean pass

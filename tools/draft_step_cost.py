@@ -9,7 +9,7 @@ packed into one product each, no module calls: what `load_engine_draft` serves; 
 for a bf16 target nn.Linear in bf16 served the same lean way (what such a draft ran before), and where the CPU has
 AVX512-BF16 the lean pass's products through `bf16dot.split3dot` (each float32 input row split exactly into three
 bf16 rows: `load_engine_draft(..., weights="exact")`; float32 products summed in another order) and through the
-bf16 kernel over the q8_0 codes nearest the weights, inputs rounded to bf16 (what `load_engine_draft` serves there
+kernel's int16 product over the q8_0 codes nearest the weights (`bf16dot.q8i16dot`: what `load_engine_draft` serves there
 by default: lossy for the draft, see `tools/draft_precision.py` for what it does to acceptance); where the target
 runs the AMX kernel (bf16), that kernel through the modules and served; elsewhere nn.Linear served. It times
 `decode.engine.draft_step_ms` (one step over w rows after --context cached positions) beside one target
@@ -115,7 +115,7 @@ def forms(draft_name: str, target) -> dict:
             out["rowdot, bf16 weights, packed, lean pass"] = lean
             out["three-part bf16 products, packed, lean pass (exact)"] = load_engine_draft(draft_name, target,
                                                                                          weights="exact")
-            out["q8_0 weights, bf16 products, packed, lean pass (served)"] = served
+            out["q8_0 weights, int16 inputs, packed, lean pass (served)"] = served
         else:
             out["rowdot, bf16 weights, packed, lean pass (served)"] = served
     elif kernel == "amx":

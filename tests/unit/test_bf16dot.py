@@ -4,7 +4,8 @@ Each row of a product is bitwise the row of a one-row product, for every row cou
 weight (bf16, and the GGUF codes q4_1 and q8_0 that the bf16 weight was rounded from), with and without bias and
 on 1 and 2 threads; reading the codes gives bitwise what reading the bf16 weight gives; and the products are the
 bf16 products to within the output's rounding; a served draft's layer over the nearest q8_0 codes of its weight
-(`RowDotLinear.serve_q8_0`) keeps its rows independent and packs bitwise. A GGUF-like tiny target loads with it,
+(`RowDotLinear.serve_q8_0`, its inputs quantized to int16 per block: `q8i16dot`) keeps its rows independent,
+packs bitwise and is the quantized sum to float32's accumulation. A GGUF-like tiny target loads with it,
 reads its codes, keeps its passes bitwise single steps and decodes speculatively token for token as it decodes
 plainly; a layer whose codes do not rebuild its bf16 weight reads the weight instead. Each output is its float32 sum
 rounded once to nearest even. The two tools that measure the kernel (`tools/pass_anatomy.py`, `tools/kernel_ab.py`)
@@ -243,10 +244,10 @@ def test_a_strided_bias_is_read_as_its_values():
 
 @pytest.mark.parametrize("k", [96, 40])
 def test_a_q8_0_draft_layer_reads_the_nearest_codes_and_packs_them_bitwise(k):
-    """`RowDotLinear.serve_q8_0` (a served draft's default): float32 inputs rounded to bf16 through the kernel over the
-    q8_0 codes nearest the (zero-padded) weight, widened back, the float32 bias added; rows independent of the rows
-    beside them; within the codes' half step of the float32 product; and q|k|v packed (`concat_linears`) is bitwise
-    the separate layers, because each row's blocks are its own."""
+    """`RowDotLinear.serve_q8_0` (a served draft's default): float32 inputs through `q8i16dot` over the q8_0 codes
+    nearest the (zero-padded) weight, the float32 bias added by the kernel; rows independent of the rows beside them;
+    within the codes' half step (and the inputs' int16 half step) of the float32 product; and q|k|v packed
+    (`concat_linears`) is bitwise the separate layers, because each row's blocks are its own."""
     import torch.nn as nn
 
     from specwire.target.compact import nearest_q8_0
@@ -262,18 +263,73 @@ def test_a_q8_0_draft_layer_reads_the_nearest_codes_and_packs_them_bitwise(k):
     with torch.no_grad():
         for m, lin in zip(layers, parts):
             codes = nearest_q8_0(torch.nn.functional.pad(lin.weight, (0, pad)))
-            want = bf16dot.bf16dot(torch.nn.functional.pad(x, (0, pad)).bfloat16(), codes).float() + lin.bias
+            want = bf16dot.q8i16dot(torch.nn.functional.pad(x, (0, pad)), codes, lin.bias)
             assert torch.equal(m(x), want) and m.pad_k == pad
             assert all(torch.equal(m(x[i:i + 1]), m(x)[i:i + 1]) for i in range(5))
             ref = x.double() @ lin.weight.double().T + lin.bias.double()
             step = (codes.d.double().max() / 2 * x.abs().double().sum(-1, keepdim=True)
-                    + 2 ** -8 * (x.abs().double() @ lin.weight.abs().double().T + ref.abs()))  # codes, bf16 inputs, output
+                    + 2 ** -15 * (x.abs().double().amax(-1, keepdim=True) * lin.weight.abs().double().sum(-1))
+                    + 2 ** -20 * (x.abs().double() @ lin.weight.abs().double().T + ref.abs()))  # codes, inputs, sums
             assert ((m(x).double() - ref).abs() <= step).all()
         packed = concat_linears(layers)
         assert packed.q8 is not None and packed.split3 is None
         assert torch.equal(packed(x), torch.cat([m(x) for m in layers], dim=-1))
-    assert "nearest q8_0 in bf16 products" in repr(packed)
+    assert "nearest q8_0 with int16 inputs" in repr(packed)
 
+
+def _int16_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float32 as `bf16dot.c` quantizes it (`quantize_block`): (xq [M, K] int64, s [M, K / 32] float32)."""
+    blocks = x.view(x.shape[0], -1, 32)
+    amax = blocks.abs().amax(-1)
+    live = amax > 1e-30
+    up = torch.where(live, torch.tensor(32767.0) / amax, torch.zeros(()))  # float32 division, as the kernel's
+    xq = torch.round(blocks * up[..., None]).clamp(-32768, 32767)  # torch.round: to nearest even, as cvtps
+    return xq.to(torch.int64).view_as(x), torch.where(live, amax / 32767, torch.zeros(()))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_int16_product_is_the_quantized_sum_and_each_row_is_its_own(threads):
+    """`q8i16dot`: each output is its rows' int16 blocks times the codes, each block's sum exact and scaled by d s, to
+    within float32's accumulation (against a float64 sum over the exact integer block sums); a row is bitwise the
+    row of a one-row product for every row count to 17 and N not a multiple of the 4-column tile; a block of zeros
+    and a block below 1e-30 read as zeros (no NaN), a block near float32's largest stays finite."""
+    from specwire.target.compact import nearest_q8_0
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(threads)
+        N, K = 13, 96
+        codes = nearest_q8_0(torch.randn(N, K, generator=g) * 0.1)
+        bias = torch.randn(N, generator=g)
+        x = torch.randn(17, K, generator=g) * torch.logspace(-3, 3, 17)[:, None]
+        x[3, 32:64] = 0
+        x[4, :32] = 1e-31 * torch.randn(32, generator=g)
+        x[5, 64:] = 1e37 * torch.randn(32, generator=g).clamp(-3, 3)
+        y = bf16dot.q8i16dot(x, codes, bias)
+        for m in range(1, 18):
+            assert torch.equal(bf16dot.q8i16dot(x[:m], codes, bias), y[:m])
+        assert all(torch.equal(bf16dot.q8i16dot(x[i:i + 1], codes, bias), y[i:i + 1]) for i in range(17))
+        assert torch.isfinite(y).all()
+        xq, s = _int16_blocks(x)
+        pairs = (codes.codes.to(torch.int64).view(1, N, -1, 16, 2) * xq.view(17, 1, -1, 16, 2)).sum(-1)  # a lane's
+        ds = (codes.d.double()[None] * s.double()[:, None]).float().double()  # [M, N, KB]; d s rounds to float32
+        ref = (pairs.sum(-1).double() * ds).sum(-1) + bias.double()  # each block's sum exact, in float64
+        tol = 2 ** -21 * ((pairs.abs().sum(-1).double() * ds).sum(-1) + bias.double().abs())  # the lanes' float32 sums
+        assert ((y.double() - ref).abs() <= tol).all()
+        assert torch.equal(y[4], bf16dot.q8i16dot(torch.cat([torch.zeros(32), x[4, 32:]])[None], codes, bias)[0])
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_the_int16_product_refuses_what_it_does_not_take():
+    from specwire.target.compact import nearest_q8_0
+
+    codes = nearest_q8_0(torch.randn(8, 64))
+    for x, w, what in ((torch.randn(2, 64).bfloat16(), codes, "bfloat16"), (torch.randn(2, 64), torch.randn(8, 64), "float32 weight"),
+                       (torch.randn(2, 40), codes, "width 64")):
+        with pytest.raises(SpecwireError, match=what):
+            bf16dot.q8i16dot(x, w)
 
 
 def _tool(name: str):

@@ -80,7 +80,7 @@ def test_the_served_pass_is_bitwise_the_modules_pass(tiny_target, tmp_path, line
     runs = bf16dot.available()[0]
     if linear == "rowdot" and weights == "q8_0":
         assert layers and all((m.q8 is not None) == runs for m in layers)
-        assert draft_products(draft) == ("q8_0 weights, bf16 products" if runs else "rowdot, bf16 weights")
+        assert draft_products(draft) == ("q8_0 weights, int16 inputs" if runs else "rowdot, bf16 weights")
     elif stored == "bfloat16":
         assert layers and all((m.split3 is not None) == runs for m in layers)
         assert draft_products(draft) == ("three-part bf16" if runs else "rowdot, bf16 weights")
@@ -218,7 +218,7 @@ def test_the_draft_precision_tool_compares_the_served_draft_with_the_exact_one(t
                      "12", "--num-steps", "3", "--threads", "1", "--dtype", "float32", "--linear", "rowdot",
                      "--out", str(tmp_path / "out")]) == 0
     forms = json.loads((tmp_path / "out" / "results.json").read_text())["forms"]
-    served = "q8_0 weights, bf16 products" if bf16dot.available()[0] else "rowdot, bf16 weights"
+    served = "q8_0 weights, int16 inputs" if bf16dot.available()[0] else "rowdot, bf16 weights"
     assert list(forms) == [f"served ({served})", f"exact ({'three-part bf16' if bf16dot.available()[0] else served})",
                            "bf16 throughout (torch, bfloat16, lean pass)"]
     for form in forms.values():

@@ -149,7 +149,7 @@ def test_the_engine_draft_takes_the_targets_kernel(tiny_target, tmp_path):
     assert linear_kind(a) == "torch" and linear_kind(b) == "rowdot"
     q8 = bf16dot_mod.available()[0]
     default = load_engine_draft(ckpt, fast)
-    assert draft_products(default) == ("q8_0 weights, bf16 products" if q8 else "rowdot, float32")
+    assert draft_products(default) == ("q8_0 weights, int16 inputs" if q8 else "rowdot, float32")
     assert draft_products(b) == "rowdot, float32"
     with pytest.raises(SpecwireError, match="draft weights: expected one of q8_0, exact, found 'int4'"):
         load_engine_draft(ckpt, fast, weights="int4")

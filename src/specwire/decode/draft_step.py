@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from specwire.draft.model import Eagle3Draft, apply_rope, rms_norm
+from specwire.draft.model import Eagle3Draft, apply_rope
 from specwire.target.fastlinear import concat_linears, linear_kind
 
 if TYPE_CHECKING:
@@ -50,24 +50,24 @@ class ServedStep:
     def __init__(self, draft: Eagle3Draft, qkv: torch.nn.Module, gate_up: torch.nn.Module):
         layer = draft.layers[0]
         attn, mlp = layer.self_attn, layer.mlp
-        c = draft.config
         self.draft = draft
-        self.nh, self.nkv, self.d, self.eps = attn.nh, attn.nkv, attn.d, c.rms_norm_eps
+        self.nh, self.nkv, self.d = attn.nh, attn.nkv, attn.d
         self.norm_before_residual = layer.norm_before_residual
         # forward, not __call__: no hooks are set on a served draft, and each __call__ costs microseconds
         self.qkv, self.o = qkv.forward, attn.o_proj.forward
         self.gate_up, self.down, self.head = gate_up.forward, mlp.down_proj.forward, draft.lm_head.forward
-        self.w_in, self.w_hidden = layer.input_layernorm.weight, layer.hidden_norm.weight
-        self.w_post, self.w_final = layer.post_attention_layernorm.weight, draft.norm.weight
+        # the norms' own modules (compiled where the draft runs rowdot: `target.rownorm`, swapped in by the engine)
+        self.norm_in, self.norm_hidden = layer.input_layernorm.forward, layer.hidden_norm.forward
+        self.norm_post, self.norm_final = layer.post_attention_layernorm.forward, draft.norm.forward
 
     def __call__(self, hidden, ids, rope, cache, mask, *, last_only: bool):
         """hidden [1, T, H], ids [1, T] (target ids), rope (cos, sin) each [1, T, d], mask [1, 1, T, L+T] bool
         or None (every query sees every cached entry) -> logits [T', Vd], hidden [T', H], T' = 1 if last_only
         else T. Appends the T new keys and values to `cache`."""
-        nh, nkv, d, eps = self.nh, self.nkv, self.d, self.eps
+        nh, nkv, d = self.nh, self.nkv, self.d
         T = hidden.shape[1]
-        hn = rms_norm(hidden, self.w_hidden, eps)
-        x = torch.cat([rms_norm(self.draft.embed(ids), self.w_in, eps), hn], dim=-1)  # shape: [1, T, 2H]
+        hn = self.norm_hidden(hidden)
+        x = torch.cat([self.norm_in(self.draft.embed(ids)), hn], dim=-1)  # shape: [1, T, 2H]
         qkv = self.qkv(x).view(1, T, nh + 2 * nkv, d).transpose(1, 2)  # shape: [1, nh+2nkv, T, d]
         qk = apply_rope(qkv[:, : nh + nkv], *rope)  # shape: [1, nh+nkv, T, d]
         start, end = cache.length, cache.length + T
@@ -78,11 +78,11 @@ class ServedStep:
         a = F.scaled_dot_product_attention(qk[:, :nh], cache.k[:, :, :end], cache.v[:, :, :end], attn_mask=mask,
                                            enable_gqa=nkv != nh)  # shape: [1, nh, T, d]
         h = (hn if self.norm_before_residual else hidden) + self.o(a.transpose(1, 2).reshape(1, T, nh * d))
-        gate, up = self.gate_up(rms_norm(h, self.w_post, eps)).chunk(2, dim=-1)  # each [1, T, I]
+        gate, up = self.gate_up(self.norm_post(h)).chunk(2, dim=-1)  # each [1, T, I]
         h = h + self.down(F.silu(gate) * up)  # shape: [1, T, H]
         if last_only:
             h = h[:, -1:]
-        return self.head(rms_norm(h, self.w_final, eps))[0], h[0]
+        return self.head(self.norm_final(h))[0], h[0]
 
 
 def draft_kernel(target: Target) -> str:
@@ -106,8 +106,8 @@ def draft_kernel(target: Target) -> str:
 
 
 def draft_products(draft: Eagle3Draft) -> str:
-    """What a loaded draft's products run, as a bench states it: "q8_0 weights, bf16 products" (the nearest q8_0
-    codes, inputs rounded to bf16: `fastlinear.q8_0_linears`), "three-part bf16" (float32 inputs split exactly into
+    """What a loaded draft's products run, as a bench states it: "q8_0 weights, int16 inputs" (the nearest q8_0
+    codes, inputs quantized per block to int16: `fastlinear.q8_0_linears`), "three-part bf16" (float32 inputs split exactly into
     bf16 parts, `target.bf16dot.split3dot`), "rowdot, bf16 weights", or the kind of its linear layers and its
     dtype."""
     from specwire.target.fastlinear import RowDotLinear
@@ -116,7 +116,7 @@ def draft_products(draft: Eagle3Draft) -> str:
         return type(draft).__name__
     layers = [m for m in draft.modules() if isinstance(m, RowDotLinear)]
     if layers and all(m.q8 is not None for m in layers):
-        return "q8_0 weights, bf16 products"
+        return "q8_0 weights, int16 inputs"
     if layers and all(m.split3 is not None for m in layers):
         return "three-part bf16"
     if layers and all(m.compact is not None and m.compact.form == "bf16" for m in layers):

@@ -74,6 +74,7 @@ from specwire.target.fastlinear import amx_linears, linear_kind, q8_0_linears, r
 from specwire.target.hardware import synchronize
 from specwire.target.kvcache import decoding_cache
 from specwire.target.passes import padded_pass, pass_rows
+from specwire.target.rownorm import rownorm_layers
 from specwire.draft.checkpoint import load_draft
 from specwire.draft.model import Eagle3Draft
 from specwire.errors import SpecwireError, WiringMismatch
@@ -163,8 +164,8 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
     """Load a draft for serving with `target`: refuse a wiring that does not fit, attach embeddings.
 
     Where the draft runs rowdot and the CPU has AVX512-BF16, `weights` says how its products read its weights:
-    "q8_0" (the default), the nearest q8_0 codes with the inputs rounded to bf16 (`fastlinear.q8_0_linears`,
-    lossy for the draft, and a third cheaper a step in the loop; its proposals were accepted as often), or "exact",
+    "q8_0" (the default), the nearest q8_0 codes with the inputs quantized per block to int16
+    (`fastlinear.q8_0_linears`, lossy for the draft and much cheaper a step; its proposals were accepted as often), or "exact",
     the weights as stored with the inputs split exactly into three bf16 parts (`fastlinear.split3_linears`).
     Either way decoding stays the target's greedy: the verify pass decides every token.
     hs_ids_override (experiments only) replaces the draft's hs ids; it must keep their count.
@@ -188,6 +189,7 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
     draft.attach_embeddings(target.parts.embed)  # (the draft casts what it reads from the target to its own dtype)
     if kernel == "rowdot":  # a draft stored in bf16 is read as bf16: exactly the same products at half the bytes
         rowdot_linears(draft, forms=("bf16",))
+        rownorm_layers(draft)  # its four norms compiled: each one call, not torch's eight ops (`target.rownorm`)
         if not bf16dot_available()[0]:
             pass  # rowdot over the (bf16) weights
         elif weights == "q8_0":  # the bf16 kernel over the nearest q8_0 codes

@@ -25,6 +25,16 @@
  * in order of i; the 16 lanes are folded in a fixed tree; the bias is added and the sum rounded to bf16 (nearest
  * even). So a row of a T-token pass is bitwise the row of a one-token pass.
  *
+ * And one product for a draft over q8_0 codes (`specwire_bf16dot_q8_0_i16`): y[m, n] = sum over blocks kb of
+ * d[n, kb] s[m, kb] (sum_{k in kb} q[n, k] xq[m, k]) + bias[n], x, bias and y float32. Each input row is first
+ * quantized per block of 32 k to int16 (`quantize_block`: s = the block's largest magnitude / 32767, xq = x / s to
+ * nearest even, so within s / 2 of x: finer than bf16's rounding for every element within 2^7 of its block's largest,
+ * and a block whose largest magnitude is below 1e-30 reads as zeros). A block's 32 products are summed exactly in
+ * int32 by VPMADDWD (|sum| <= 32 * 32767 * 127 < 2^24, so exact in float32 too), scaled by d s and added in float32 in
+ * order of kb; the 16 lanes are folded as below. Every output is again one fixed chain, so each row is independent of
+ * the rows beside it. No weight is decoded: an int8 code is widened to int16 as it is read, and one instruction
+ * takes a whole block of a row, where the bf16 forms spend about eight decoding it first. Needs AVX-512 (F, BW) only.
+ *
  * Speed: a one-token pass is bound by decoding the weights (GGUF codes: about 6 bits a weight for q4_1, against 16
  * for bf16), not by reading them. Every pass decodes each weight once into a bf16 strip of STRIP rows, one row's
  * stream of codes at a time (a tile that decodes several rows at once reads more streams than the prefetcher
@@ -286,4 +296,88 @@ void specwire_bf16dot_split3(const float *x, int64_t M, int64_t K, const uint16_
     bf16dot_part(BF16, 3, parts, M, K, &src, N, bias, y, omp_get_thread_num(), omp_get_num_threads());
 }
 
-int specwire_bf16dot_abi(void) { return 2; }
+/* block kb of an input row, quantized: x float32 [32] -> xq int16 [32] and its scale *s (see the header) */
+static inline __attribute__((always_inline)) void quantize_block(const float *x, int16_t *xq, float *s) {
+    const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+    const int live = amax > 1e-30f; /* 32767 / amax is finite */
+    const __m512 up = _mm512_set1_ps(live ? 32767.0f / amax : 0.0f);
+    *s = live ? amax / 32767.0f : 0.0f;
+    _mm256_storeu_si256((__m256i *)xq, _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(lo, up))));
+    _mm256_storeu_si256((__m256i *)(xq + 16), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(hi, up))));
+}
+
+/* y[i, j] for i < R, j < C over quantized rows xq (rows K apart, scales xs K / 32 apart) and q8_0 codes (rows K
+ * apart, scales d K / 32 apart); bias and y float32, y rows ldy apart. R and C are compile-time constants. */
+static inline __attribute__((always_inline)) void tile_i16(const int R, const int C, const int16_t *xq,
+                                                           const float *xs, int64_t K, const int8_t *codes,
+                                                           const float *d, const float *bias, float *y, int64_t ldy) {
+    const int64_t KB = K / 32;
+    __m512 a[4][4];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++) a[i][j] = _mm512_setzero_ps();
+    for (int64_t kb = 0; kb < KB; kb++) {
+        __m512 sx[4];
+        for (int i = 0; i < R; i++) sx[i] = _mm512_set1_ps(xs[i * KB + kb]);
+        for (int j = 0; j < C; j++) {
+            _mm_prefetch((const char *)(codes + j * K + 32 * (kb + 4)), _MM_HINT_T0);
+            const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(codes + j * K + 32 * kb)));
+            const __m512 dw = _mm512_set1_ps(d[j * KB + kb]);
+            for (int i = 0; i < R; i++) {
+                const __m512i p = _mm512_madd_epi16(w, _mm512_loadu_si512(xq + i * K + 32 * kb)); /* exact */
+                a[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, sx[i]), a[i][j]);
+            }
+        }
+    }
+    if (C == 4) {
+        const __m128 b = bias ? _mm_loadu_ps(bias) : _mm_setzero_ps();
+        for (int i = 0; i < R; i++) _mm_storeu_ps(y + i * ldy, _mm_add_ps(fold16x4(a[i][0], a[i][1], a[i][2], a[i][3]), b));
+        return;
+    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++) y[i * ldy + j] = fold16(a[i][j]) + (bias ? bias[j] : 0.0f);
+}
+
+#define TILE_I16(R, C)                                                                                          \
+    tile_i16(R, C, xq + m0 * K, xs + m0 * KB, K, codes + n0 * K, d + n0 * KB, bias ? bias + n0 : 0, y + m0 * N + n0, N)
+
+/* this thread's share (`part` of `parts`) of the strips of 4 columns, in tiles of up to 4 rows */
+static void q8_0_i16_part(const int16_t *xq, const float *xs, int64_t M, int64_t K, const int8_t *codes,
+                          const float *d, int64_t N, const float *bias, float *y, int part, int parts) {
+    const int64_t KB = K / 32, blocks = (N + STRIP - 1) / STRIP, share = (blocks + parts - 1) / parts;
+    const int64_t first_block = part * share, last_block = first_block + share < blocks ? first_block + share : blocks;
+    for (int64_t b = first_block; b < last_block; b++) {
+        const int64_t nb = b * STRIP, nc = N - nb < STRIP ? N - nb : STRIP;
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            const int64_t mr = M - m0 < 4 ? M - m0 : 4;
+            for (int64_t n0 = nb; n0 < nb + nc; n0 += nc == STRIP ? STRIP : 1) {
+#define WIDTH(C)                                                                                                \
+    switch (mr) {                                                                                               \
+        case 4: TILE_I16(4, C); break;                                                                          \
+        case 3: TILE_I16(3, C); break;                                                                          \
+        case 2: TILE_I16(2, C); break;                                                                          \
+        default: TILE_I16(1, C);                                                                                \
+    }
+                if (nc == STRIP) {
+                    WIDTH(STRIP)
+                } else {
+                    WIDTH(1)
+                }
+#undef WIDTH
+            }
+        }
+    }
+}
+
+/* x float32 [M, K], codes int8 [N, K], d float32 [N, K / 32], bias float32 [N] or NULL, y float32 [M, N]; xq int16
+ * [M, K] and xs float32 [M, K / 32]: room for the quantized inputs, written here; K % 32 == 0 */
+void specwire_bf16dot_q8_0_i16(const float *x, int64_t M, int64_t K, const int8_t *codes, const float *d, int64_t N,
+                               const float *bias, float *y, int16_t *xq, float *xs, int threads) {
+    const int64_t KB = K / 32;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t kb = 0; kb < KB; kb++) quantize_block(x + m * K + 32 * kb, xq + m * K + 32 * kb, xs + m * KB + kb);
+    _Pragma("omp parallel num_threads(threads)")
+    q8_0_i16_part(xq, xs, M, K, codes, d, N, bias, y, omp_get_thread_num(), omp_get_num_threads());
+}
+
+int specwire_bf16dot_abi(void) { return 3; }

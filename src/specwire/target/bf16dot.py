@@ -4,8 +4,8 @@ product.
 Scope: building `bf16dot.c` (beside this file) into a shared library on first use, cached under
 `$SPECWIRE_HOME/kernels` by a hash of the source, flags and compiler (`rowdot.build_library`); `available` (can
 this machine run it, and if not, why); `bf16dot` (x @ W.T + b in bf16, each row bitwise independent of the rows
-beside it, the weight read as bf16 or as the GGUF block codes it was rebuilt from); `source_digest` (part of the
-key of cached cost curves). Does not own the module that swaps a model's linear layers
+beside it, the weight read as bf16 or as the GGUF block codes it was rebuilt from); `q8i16dot` (a served draft's float32 product over q8_0 codes, its inputs
+quantized to int16 per block); `source_digest` (part of the key of cached cost curves). Does not own the module that swaps a model's linear layers
 (`fastlinear.RowDotLinear`), the compact forms (`compact`) nor the choice of kernel (`decode.kernels`).
 
 Why: on a CPU with AVX512-BF16 but no AMX (AMD Zen 4, Intel Cooper Lake), bf16 arithmetic is twice float32's
@@ -35,7 +35,7 @@ from specwire.target.rowdot import open_library, operands
 SOURCE = Path(__file__).with_name("bf16dot.c")
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-fopenmp", "-fPIC", "-shared")
 FEATURES = ("avx512_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq")
-ABI = 2  # `specwire_bf16dot_abi()` of the source this module calls
+ABI = 3  # `specwire_bf16dot_abi()` of the source this module calls
 BLOCK_K = 32  # the weight's k must be a multiple of this (`fastlinear.RowDotLinear` pads a bf16 weight)
 
 
@@ -60,8 +60,9 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     lib.specwire_bf16dot_q4_1.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i32]
     lib.specwire_bf16dot_q8_0.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i32]
     lib.specwire_bf16dot_split3.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ptr, i32]
+    lib.specwire_bf16dot_q8_0_i16.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32]
     for fn in (lib.specwire_bf16dot_bf16, lib.specwire_bf16dot_q4_1, lib.specwire_bf16dot_q8_0,
-               lib.specwire_bf16dot_split3):
+               lib.specwire_bf16dot_split3, lib.specwire_bf16dot_q8_0_i16):
         fn.restype = None
     return lib, ""
 
@@ -128,4 +129,25 @@ def split3dot(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
         parts = torch.empty(M, 3, K, dtype=torch.bfloat16)  # the kernel writes each row's three parts here
         lib.specwire_bf16dot_split3(x.data_ptr(), M, K, w.data_ptr(), N, _ptr(b), y.data_ptr(), parts.data_ptr(),
                                     torch.get_num_threads())
+    return y
+
+
+def q8i16dot(x: torch.Tensor, weight: CompactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N]: float32 x, bias and output, a q8_0 `CompactWeight`, on
+    CPU. Each input row is quantized per block of 32 k to int16 and each block's products summed exactly in int32
+    (`bf16dot.c` says how): lossy in the inputs (each within 2^-16 of its block's largest magnitude), so for a served
+    draft only, which needs neither exact inputs nor bitwise sums; each row is still independent of how many rows the
+    call holds. K must be a multiple of 32. No autograd."""
+    lib = library()
+    if (x.dtype != torch.float32 or x.device.type != "cpu" or not isinstance(weight, CompactWeight)
+            or weight.form != "q8_0" or (bias is not None and bias.dtype != torch.float32)):
+        found = f"a {weight.form} compact weight" if isinstance(weight, CompactWeight) else f"a {weight.dtype} weight"
+        raise SpecwireError(f"q8i16dot: expected float32 inputs (and bias) on CPU with q8_0 codes, found {x.dtype} on "
+                            f"{x.device} with {found}.")
+    x, b, y, M, N, K = operands("q8i16dot", x, weight.shape, bias, torch.float32, block=BLOCK_K)
+    if M:
+        xq = torch.empty(M, K, dtype=torch.int16)  # the kernel writes the quantized rows here, and their scales
+        xs = torch.empty(M, K // BLOCK_K, dtype=torch.float32)
+        lib.specwire_bf16dot_q8_0_i16(x.data_ptr(), M, K, weight.codes.data_ptr(), weight.d.data_ptr(), N, _ptr(b),
+                                      y.data_ptr(), xq.data_ptr(), xs.data_ptr(), torch.get_num_threads())
     return y

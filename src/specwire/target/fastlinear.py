@@ -31,10 +31,11 @@ each bf16 weight was rounded from, where they rebuild it bitwise (`bf16_rowdot_l
 element), else the bf16 weight. A served draft, float32 over bf16 weights, computes through the same kernel with
 each input row split exactly into three bf16 rows (`split3_linears`): products as exact as rowdot's, summed in
 another fixed order, a one-row product about a fifth cheaper (the draft needs no bitwise sums: `decode.draft_step`).
-By default a served draft goes further (`q8_0_linears`): the kernel reads the q8_0 codes nearest its weights and its
-inputs rounded to bf16, one pass over 9 bits a weight. Neither exact weights nor float32 inputs changed what the
-shipped draft's proposals were accepted at, and the draft's steps, bound by reading its weights back after each
-target pass, cost about a third less.
+By default a served draft goes further (`q8_0_linears`): `bf16dot.q8i16dot` reads the q8_0 codes nearest its
+weights, 9 bits a weight, with its float32 inputs quantized per block of 32 to int16 and each block's products summed
+exactly in int32, so no weight is decoded. Exact weights did not change what the shipped draft's proposals were
+accepted at, and the draft's steps, bound by reading and decoding its weights after each target pass, cost less
+than half.
 
 oneDNN (`--linear onednn`, bf16 on a CPU whose torch has oneDNN): nn.Linear's maths through oneDNN with
 the weight reordered once, at load, into the library's own blocked layout. `F.linear` hands oneDNN a plain
@@ -71,7 +72,7 @@ import torch.nn.functional as F
 from specwire.errors import SpecwireError
 from specwire.target.amx import BLOCK_K, BLOCK_N, library as amx_library, product as amx_product
 from specwire.target.attention import MAX_INVARIANT_QUERIES
-from specwire.target.bf16dot import bf16dot as _bf16dot, split3dot as _split3dot
+from specwire.target.bf16dot import bf16dot as _bf16dot, q8i16dot as _q8i16dot, split3dot as _split3dot
 from specwire.target.compact import CompactWeight, nearest_q8_0, pack
 from specwire.target.rowdot import rowdot
 
@@ -325,9 +326,10 @@ class RowDotLinear(nn.Module):
         return True
 
     def serve_q8_0(self) -> bool:
-        """Compute through `target.bf16dot` over the q8_0 codes nearest this float32 layer's weight
-        (`compact.nearest_q8_0`: lossy), its inputs rounded to bf16 and its outputs widened back: 9 bits read a
-        weight instead of the bf16 form's 16, one multiply-add pass instead of `serve_split3`'s three. For a served
+        """Compute through `target.bf16dot.q8i16dot` over the q8_0 codes nearest this float32 layer's weight
+        (`compact.nearest_q8_0`: lossy), its float32 inputs quantized per block of 32 to int16 and each block's
+        products summed exactly in int32: 9 bits read a weight instead of the bf16 form's 16, and no weight decoded
+        (a one-row product about half the bf16 kernel's time over the same codes). For a served
         draft only, which needs neither exact weights nor bitwise sums (`decode.draft_step`). Returns whether it
         does (a weight on CPU); the weight is zero-padded to a multiple of 32 k."""
         w = self.weight.detach()
@@ -351,9 +353,8 @@ class RowDotLinear(nn.Module):
         padded = F.pad(x, (0, self.pad_k)) if self.pad_k else x  # what the bf16 kernel reads: K a multiple of 32
         if self.bf16 is not None:
             return _bf16dot(padded, self.bf16, self.bias)
-        if self.q8 is not None:  # a served draft: bf16 inputs over the nearest q8_0 codes, widened back
-            y = _bf16dot(padded.to(torch.bfloat16), self.q8).float()
-            return y if self.bias is None else y + self.bias
+        if self.q8 is not None:  # a served draft: float32 inputs, quantized per block to int16, over q8_0 codes
+            return _q8i16dot(padded, self.q8, self.bias)
         if self.split3 is not None:
             return _split3dot(padded, self.split3, self.bias)
         return rowdot(x, self.weight if self.compact is None else self.compact, self.bias)
@@ -363,7 +364,7 @@ class RowDotLinear(nn.Module):
         form = source.form if isinstance(source, CompactWeight) else "bf16" if self.bf16 is not None else \
             "float32" if self.compact is None else self.compact.form
         form += " in three-part bf16 products" if self.split3 is not None else ""
-        form = "nearest q8_0 in bf16 products" if self.q8 is not None else form
+        form = "nearest q8_0 with int16 inputs" if self.q8 is not None else form
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, " \
                f"weights={form}"
 

@@ -20,7 +20,8 @@ Those steps run back to back, so the draft's weights (about 18 MB in bf16 for th
 CPU's caches. In decoding they do not: each round's target pass streams the target's weights through the
 caches first. So the served form (and where it runs q8_0, the exact three-part pass beside it) is also timed as the
 loop runs it (`in_loop_ms`): a one-token target pass, then k one-row draft steps, the draft steps timed, for
-k = 1..5 (a chain of depth k drafts k steps a round).
+k = 1..5 (a chain of depth k drafts k steps a round), and each of the five steps alone against the warm step: the
+first after a target pass costs the most, whatever it computes (`docs/BENCHMARKS.md` says why).
 
     python tools/draft_step_cost.py --threads 2 --dtype float32 --linear rowdot --out docs/bench/draft-step
 
@@ -51,9 +52,10 @@ CHAIN_STEPS = (1, 2, 3, 4, 5)
 
 
 @torch.inference_mode()
-def in_loop_ms(draft, target, *, context: int, reps: int = 15) -> dict[int, float]:
-    """k -> median ms of k one-row draft steps right after a one-token target pass, both after `context` cached
-    positions: the draft's cost per round as decoding pays it, its weights evicted by the target's."""
+def in_loop_ms(draft, target, *, context: int, reps: int = 15) -> tuple[dict[int, float], dict[int, float]]:
+    """({k: median ms of k one-row draft steps right after a one-token target pass}, {i: median ms of the i-th of
+    those steps alone, in the runs of the most steps}), all after `context` cached positions: the draft's cost per
+    round as decoding pays it, everything it touches evicted by the target pass."""
     from transformers import DynamicCache
 
     c, w0 = draft.config, draft.fc.weight
@@ -62,22 +64,25 @@ def in_loop_ms(draft, target, *, context: int, reps: int = 15) -> dict[int, floa
     ctx = torch.zeros(1, context, dtype=torch.long, device=target.device)
     target.model(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)
     h = torch.zeros(1, 1, c.hidden_size, device=w0.device, dtype=w0.dtype)
-    out = {}
+    out, each = {}, {i: [] for i in range(1, max(CHAIN_STEPS) + 1)}
     for k in CHAIN_STEPS:
         times = []
         for r in range(reps + 1):
             target.model(ctx[:, :1], past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache.crop(context)
-            t0 = time.perf_counter()
-            for _ in range(k):
+            t0 = t = time.perf_counter()
+            for i in range(1, k + 1):
                 logits, _ = proposer._step(h, ids[:, :1], proposer._rope(context - 1, 1, repeat=True), None,
                                            last_only=True)
                 torch.log_softmax(logits.float(), -1).topk(min(4, logits.shape[-1]))
+                if r and k == max(CHAIN_STEPS):
+                    each[i].append(time.perf_counter() - t)
+                t = time.perf_counter()
             if r:
                 times.append(time.perf_counter() - t0)
             proposer.cache.crop(context)
         out[k] = 1000 * statistics.median(times)
-    return out
+    return out, {i: 1000 * statistics.median(v) for i, v in each.items()}
 
 
 def forms(draft_name: str, target) -> dict:
@@ -158,10 +163,13 @@ def main(argv=None) -> int:
     # in the loop: the served form (the last), and the exact three-part pass beside it where it runs q8_0
     looped = dict(list(drafts.items())[-2 if "q8_0" in list(drafts)[-1] else -1:])
     loop_ms: dict[str, dict[int, list[float]]] = {name: {k: [] for k in CHAIN_STEPS} for name in looped}
+    step_ms: dict[str, dict[int, list[float]]] = {name: {k: [] for k in CHAIN_STEPS} for name in looped}
     for _ in range(args.rounds):
         for name, d in looped.items():
-            for k, ms in in_loop_ms(d, target, context=args.context).items():
-                loop_ms[name][k].append(ms)
+            totals, each = in_loop_ms(d, target, context=args.context)
+            for k in CHAIN_STEPS:
+                loop_ms[name][k].append(totals[k])
+                step_ms[name][k].append(each[k])
         step.append(measure_pass_ms(target.model, [1], context=args.context, reps=5)[0])
         for name, d in drafts.items():
             engine._draft_costs.pop(d, None)  # measure again every round
@@ -170,6 +178,7 @@ def main(argv=None) -> int:
     target_ms = statistics.median(step)
     rows = {name: {w: statistics.median(v) for w, v in by_w.items()} for name, by_w in draft_ms.items()}
     loop = {name: {k: statistics.median(v) for k, v in by_k.items()} for name, by_k in loop_ms.items()}
+    alone = {name: {i: statistics.median(v) for i, v in by_i.items()} for name, by_i in step_ms.items()}
     kernel = f"{str(target.dtype).removeprefix('torch.')}/{linear_kind(target.model)}"
     lines = [f"# One draft step against one target step ({args.draft} on {args.target})", "",
              f"- machine: {describe_features()}; {args.threads} threads; target kernel {kernel}",
@@ -187,7 +196,10 @@ def main(argv=None) -> int:
         lines += [f"| {name} | ms for the k steps | " + " | ".join(f"{by_k[k]:.2f}" for k in CHAIN_STEPS) + " |",
                   f"| {name} | ms per step | " + " | ".join(f"{by_k[k] / k:.2f}" for k in CHAIN_STEPS) + " |",
                   f"| {name} | per step / target step | "
-                  + " | ".join(f"{by_k[k] / k / target_ms:.3f}" for k in CHAIN_STEPS) + " |"]
+                  + " | ".join(f"{by_k[k] / k / target_ms:.3f}" for k in CHAIN_STEPS) + " |",
+                  f"| {name} | the k-th step alone, ms (x the warm one-row step) | "
+                  + " | ".join(f"{alone[name][k]:.2f} ({alone[name][k] / rows[name][1]:.1f}x)" for k in CHAIN_STEPS)
+                  + " |"]
     lines += ["", f"Command: `python tools/draft_step_cost.py --threads {args.threads} --dtype {args.dtype} "
               f"--linear {args.linear} --context {args.context} --rounds {args.rounds} --out {args.out}`", ""]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -195,7 +207,7 @@ def main(argv=None) -> int:
     write_json(args.out / "results.json", {"target_ms": target_ms, "target_ms_rounds": step, "kernel": kernel,
                                            "threads": args.threads, "context": args.context,
                                            "machine": describe_features(), "draft_ms": rows,
-                                           "in_loop_ms": loop})
+                                           "in_loop_ms": loop, "in_loop_step_ms": alone})
     print("\n".join(lines))
     return 0
 

@@ -26,6 +26,7 @@ from specwire.draft.model import Eagle3Draft, RMSNorm
 from specwire.target import bf16dot
 from specwire.target.fastlinear import RowDotLinear, concat_linears, rowdot_linears
 from specwire.target.load import load_target
+from specwire.target.rownorm import RowRMSNorm
 
 
 def through_modules(draft: Eagle3Draft) -> Eagle3Draft:
@@ -86,6 +87,8 @@ def test_the_served_pass_is_bitwise_the_modules_pass(tiny_target, tmp_path, line
         assert draft_products(draft) == ("three-part bf16" if runs else "rowdot, bf16 weights")
     elif linear == "rowdot":  # float32 weights that are not bf16 numbers, exactly: rowdot over them as they are
         assert draft_products(draft) == "rowdot, float32"
+    if linear == "rowdot":  # beside rowdot its norms run the compiled kernel, in both passes alike
+        assert isinstance(draft.layers[0].input_layernorm, RowRMSNorm) and isinstance(draft.norm, RowRMSNorm)
     c = draft.config
     served = EagleProposer(draft, capacity=4)
     modules = EagleProposer(through_modules(load_engine_draft(ckpt, target, weights=weights)), capacity=4)

@@ -14,8 +14,9 @@ asks for at most 0.04 of a target step. On a CPU one draft step over one row is 
 some sixty small tensor ops, each costing microseconds of dispatch: through the modules, about a third of
 the step was ops and module calls, not products. Here q|k|v and gate|up are one product each
 (`target.fastlinear.concat_linears`: under rowdot every output row is its own fixed chain, so a packed
-product is bitwise the separate ones), the norms are one fused op each, rope comes from a table, the new
-keys and values are written into the cache in place, and no module's `__call__` runs. Every other op is
+product is bitwise the separate ones), the norms are their modules' forward (one compiled call each where the
+draft runs rowdot: `target.rownorm`), rope comes from a table, the new keys and values are written into the
+cache in place, and no module's `__call__` runs. Every other op is
 the module path's own op on the same inputs. The packed weights are copies made at load time: a served
 draft is not trained further.
 """

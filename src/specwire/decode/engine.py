@@ -165,7 +165,8 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
 
     Where the draft runs rowdot and the CPU has AVX512-BF16, `weights` says how its products read its weights:
     "q8_0" (the default), the nearest q8_0 codes with the inputs quantized per block to int16
-    (`fastlinear.q8_0_linears`, lossy for the draft and much cheaper a step; its proposals were accepted as often), or "exact",
+    (`fastlinear.q8_0_linears`: lossy for the draft, a warm step about two thirds of the exact one's, its proposals
+    accepted as often), or "exact",
     the weights as stored with the inputs split exactly into three bf16 parts (`fastlinear.split3_linears`).
     Either way decoding stays the target's greedy: the verify pass decides every token.
     hs_ids_override (experiments only) replaces the draft's hs ids; it must keep their count.
@@ -192,7 +193,7 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
         rownorm_layers(draft)  # its four norms compiled: each one call, not torch's eight ops (`target.rownorm`)
         if not bf16dot_available()[0]:
             pass  # rowdot over the (bf16) weights
-        elif weights == "q8_0":  # the bf16 kernel over the nearest q8_0 codes
+        elif weights == "q8_0":  # `bf16dot.q8i16dot` over the nearest q8_0 codes
             q8_0_linears(draft)
         else:  # the bf16 kernel over the weights, float32 inputs in three exact bf16 parts
             split3_linears(draft)

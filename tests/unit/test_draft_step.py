@@ -1,11 +1,12 @@
 """The served draft's step: packed products, the lean pass, the rope table and the fused norm change no numbers.
 
 `load_engine_draft` gives a served draft its decoding pass (`decode.draft_step.ServedStep`: q|k|v and gate|up
-packed into one product each, no module calls), the proposer slices rope from a table, and a float32 RMSNorm
-runs torch's fused op: each is there only to make a draft step cheaper (issue 16: a draft step at most 0.04 of a
+packed into one product each, no module calls), the proposer slices rope from a table, a float32 RMSNorm runs
+torch's fused op, and beside rowdot the compiled norm in both passes: each is there only to make a draft step cheaper (issue 16: a draft step at most 0.04 of a
 target step), so each must leave the proposals as they were. With rowdot, whose rows are independent of the
 rows beside them, that is bitwise, over the draft's exact weights and over the q8_0 codes it reads by default alike.
-`tools/draft_precision.py`, which measures what those codes do to acceptance, runs end to end here too.
+`tools/draft_precision.py`, which measures what those codes do to acceptance, and `tools/draft_step_cost.py`, which
+times the steps, run end to end here too.
 """
 
 from __future__ import annotations
@@ -228,3 +229,29 @@ def test_the_draft_precision_tool_compares_the_served_draft_with_the_exact_one(t
         assert form["identical"] == form["prompts"] == 3
         assert form["tokens_per_pass"] >= 1 and len(form["accept_per_position"]) == 3
     assert "| draft | tokens per verify pass |" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_the_draft_step_cost_tool_times_each_step_after_a_target_pass(tiny_target, tmp_path):
+    """tools/draft_step_cost.py (the draft-step tables in docs/BENCHMARKS.md) runs end to end on a tiny target: every
+    form it can serve is timed warm at each width, and the served one in the loop, for k steps and each step alone."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    spec = importlib.util.spec_from_file_location("draft_step_cost", tools / "draft_step_cost.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tiny_target("llama")
+    ckpt = random_tiny_draft(load_target(path, device="cpu", dtype="float32"), tmp_path / "d", draft_vocab_size=64)
+    stored = save_draft(load_draft(ckpt), tmp_path / "d16", dtype=torch.bfloat16)
+    assert mod.main(["--target", str(path), "--draft", str(stored), "--threads", "1", "--dtype", "float32",
+                     "--linear", "rowdot", "--context", "16", "--rounds", "1", "--out", str(tmp_path / "out")]) == 0
+    got = json.loads((tmp_path / "out" / "results.json").read_text())
+    served = [name for name in got["draft_ms"] if name.endswith("(served)")]
+    assert len(served) == 1 and served[0] in got["in_loop_ms"]
+    for name, by_k in got["in_loop_ms"].items():
+        alone = got["in_loop_step_ms"][name]
+        assert sorted(by_k, key=int) == sorted(alone, key=int) == [str(k) for k in mod.CHAIN_STEPS]
+        assert all(ms > 0 for ms in alone.values())
+    assert "the k-th step alone" in (tmp_path / "out" / "results.md").read_text()

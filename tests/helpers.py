@@ -366,3 +366,13 @@ def feed_stream(stream, ids) -> list[str]:
         if stream.stopped:  # a generation (the server's too) ends here
             return pieces
     return pieces + [stream.finish()]
+
+
+def load_tool(name: str):
+    """The script tools/NAME.py loaded as a module (the tools are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

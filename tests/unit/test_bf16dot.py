@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import gguf_dequantized, make_gguf_like_target_dir, prompt_of
+from helpers import gguf_dequantized, load_tool, make_gguf_like_target_dir, prompt_of
 from specwire.errors import SpecwireError
 from specwire.target import bf16dot
 from specwire.target.compact import CompactWeight, pack
@@ -332,16 +332,6 @@ def test_the_int16_product_refuses_what_it_does_not_take():
             bf16dot.q8i16dot(x, w)
 
 
-def _tool(name: str):
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "tools" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_pass_anatomy_tool_splits_a_pass_and_measures_the_peak(tmp_path):
     """tools/pass_anatomy.py (docs/BENCHMARKS.md) runs end to end on a tiny GGUF-like target: the parts of each
     timed pass add up to it, a row's instruction count is the products' N * K / 32, and the attention it timed is
@@ -356,7 +346,7 @@ def test_the_pass_anatomy_tool_splits_a_pass_and_measures_the_peak(tmp_path):
 
     path = make_gguf_like_target_dir(tmp_path)
     attention = {k: ALL_ATTENTION_FUNCTIONS[k] for k in list(ALL_ATTENTION_FUNCTIONS.keys())}
-    _tool("pass_anatomy").main(["--target", str(path), "--tokens", "1,2,4", "--reps", "1", "--out", str(tmp_path / "o")])
+    load_tool("pass_anatomy").main(["--target", str(path), "--tokens", "1,2,4", "--reps", "1", "--out", str(tmp_path / "o")])
     assert all(ALL_ATTENTION_FUNCTIONS[k] is f for k, f in attention.items())  # its timer taken off again
     assert ALL_ATTENTION_FUNCTIONS[ATTENTION_NAME] is invariant_attention
     r = json.loads((tmp_path / "o" / "results.json").read_text())
@@ -382,7 +372,7 @@ def test_the_kernel_ab_tool_finds_the_same_logits_with_the_committed_kernel(tmp_
 
     path = make_gguf_like_target_dir(tmp_path)
     loaders = (bf16dot.library, rowdot.library)
-    _tool("kernel_ab").main(["--before", "HEAD", "--target", str(path), "--tokens", "1,3", "--reps", "1"])
+    load_tool("kernel_ab").main(["--before", "HEAD", "--target", str(path), "--tokens", "1,3", "--reps", "1"])
     out = capsys.readouterr().out
     assert "Logits bitwise equal for every T: **yes**" in out
     assert "| HEAD |" in out and "| this tree |" in out

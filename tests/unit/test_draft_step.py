@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from helpers import random_tiny_draft
+from helpers import load_tool, random_tiny_draft
 from specwire.decode.draft_step import ServedStep, draft_products
 from specwire.decode.engine import SpecConfig, load_engine_draft
 from specwire.decode.proposer import EagleProposer, causal_prefix_mask
@@ -200,22 +200,24 @@ def test_the_float32_norm_is_bitwise_the_formula_and_bf16_keeps_the_formula():
         assert torch.equal(half(xb), want)
 
 
+def _stored_in_bf16(target_path, tmp_path):
+    """A random tiny draft for the target at `target_path`, saved in bf16 as the shipped one is."""
+    ckpt = random_tiny_draft(load_target(target_path, device="cpu", dtype="float32"), tmp_path / "d",
+                             draft_vocab_size=64)
+    return save_draft(load_draft(ckpt), tmp_path / "d16", dtype=torch.bfloat16)
+
+
 def test_the_draft_precision_tool_compares_the_served_draft_with_the_exact_one(tiny_target, tmp_path, monkeypatch):
     """tools/draft_precision.py (the acceptance table in docs/BENCHMARKS.md) runs end to end on a tiny target: every
     form of the draft decodes every prompt exactly as plain greedy decoding does, and the served form is named as
     the engine serves it."""
-    import importlib.util
     import json
     from pathlib import Path
 
-    tools = Path(__file__).resolve().parents[2] / "tools"
-    monkeypatch.syspath_prepend(str(tools))  # it imports draft_step_cost from beside itself
-    spec = importlib.util.spec_from_file_location("draft_precision", tools / "draft_precision.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "tools"))  # it imports draft_step_cost
+    mod = load_tool("draft_precision")
     path = tiny_target("llama")
-    ckpt = random_tiny_draft(load_target(path, device="cpu", dtype="float32"), tmp_path / "d", draft_vocab_size=64)
-    stored = save_draft(load_draft(ckpt), tmp_path / "d16", dtype=torch.bfloat16)
+    stored = _stored_in_bf16(path, tmp_path)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("say hello", "count to five", "why?")))
     assert mod.main(["--target", str(path), "--draft", str(stored), "--prompts", str(prompts), "--max-new-tokens",
@@ -234,17 +236,11 @@ def test_the_draft_precision_tool_compares_the_served_draft_with_the_exact_one(t
 def test_the_draft_step_cost_tool_times_each_step_after_a_target_pass(tiny_target, tmp_path):
     """tools/draft_step_cost.py (the draft-step tables in docs/BENCHMARKS.md) runs end to end on a tiny target: every
     form it can serve is timed warm at each width, and the served one in the loop, for k steps and each step alone."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    tools = Path(__file__).resolve().parents[2] / "tools"
-    spec = importlib.util.spec_from_file_location("draft_step_cost", tools / "draft_step_cost.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_tool("draft_step_cost")
     path = tiny_target("llama")
-    ckpt = random_tiny_draft(load_target(path, device="cpu", dtype="float32"), tmp_path / "d", draft_vocab_size=64)
-    stored = save_draft(load_draft(ckpt), tmp_path / "d16", dtype=torch.bfloat16)
+    stored = _stored_in_bf16(path, tmp_path)
     assert mod.main(["--target", str(path), "--draft", str(stored), "--threads", "1", "--dtype", "float32",
                      "--linear", "rowdot", "--context", "16", "--rounds", "1", "--out", str(tmp_path / "out")]) == 0
     got = json.loads((tmp_path / "out" / "results.json").read_text())

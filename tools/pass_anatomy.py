@@ -33,7 +33,7 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from specwire.decode.kernels import describe_features, kernel_of, load_decoding_target
-from specwire.safeio import atomic_path, write_json, write_text
+from specwire.safeio import save_png, write_json, write_text
 from specwire.target import bf16dot
 from specwire.target.fastlinear import RowDotLinear
 from specwire.target.kvcache import decoding_cache
@@ -134,9 +134,7 @@ def plot(tokens: list[int], med: dict[str, dict[int, float]], peak_row_ms: float
     ax.set_ylabel("ms per pass (timers on)")
     ax.set_title("Where a pass's time goes (bfloat16/rowdot)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+    save_png(fig, path, dpi=110)
     plt.close(fig)
 
 

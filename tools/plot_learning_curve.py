@@ -28,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from specwire.errors import SpecwireError  # noqa: E402
-from specwire.safeio import atomic_path  # noqa: E402
+from specwire.safeio import save_png  # noqa: E402
 
 BUILD = Path(__file__).resolve().parents[1] / "docs" / "draft-build"
 LABELS = {"mtbench": "MT-bench", "humaneval": "HumanEval"}
@@ -51,7 +51,7 @@ def plot(curve: list[dict], png: Path, *, xlabel: str, vline: float | None = Non
             ax.axvline(vline, color="grey", lw=0.8, ls=":")
         ax.legend()
     fig.suptitle(title)
-    _save(fig, png)
+    save_png(fig, png, dpi=110)
 
 
 def check_versions(doc: dict, where: Path) -> list[dict]:
@@ -87,13 +87,7 @@ def plot_versions(records: list[dict], png: Path) -> None:
     ax.set_ylim(top=max(*GOALS.values(), highest) + 0.2)  # room for the labels above the highest point
     ax.set_xlim(right=max(x) * 1.06)
     ax.legend(loc="lower right")
-    _save(fig, png)
-
-
-def _save(fig, png: Path) -> None:
-    fig.tight_layout()
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+    save_png(fig, png, dpi=110)
 
 
 def main(argv=None) -> int:

@@ -31,7 +31,7 @@ import torch
 
 from specwire.decode.kernels import (COPY_SHARE, REFERENCE, Workload, candidate_kernels, describe_features, rank_kernels,
                                      reference_acceptance, settle)
-from specwire.safeio import atomic_path, write_json, write_text
+from specwire.safeio import save_png, write_json, write_text
 from specwire.target.fastlinear import RowDotLinear, linear_min_rows
 from specwire.target.hardware import KernelChoice, measure_curve
 from specwire.target import rowdot
@@ -170,9 +170,7 @@ def _plot(rows, base: float, path: Path) -> None:
     ax.set_ylabel("ms per pass")
     ax.set_title("Target pass cost against T (solid: bitwise invariant)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+    save_png(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -1,6 +1,7 @@
 """Safe, atomic file input and output.
 
-Owns: the cache root every cache lives under (`specwire_home`), atomic writes (temp file or folder, then rename), append-only JSONL logs (one fsynced line per
+Owns: the cache root every cache lives under (`specwire_home`), atomic writes (temp file or folder, then rename;
+JSON, text and PNG figures), append-only JSONL logs (one fsynced line per
 record; a partial last line left by a crash is cut on resume), JSON reading with clear errors, and
 safetensors reading that validates the header before trusting it. Nothing here unpickles: untrusted
 files stay data. Does not know what any file means; callers validate fields.
@@ -69,6 +70,14 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def save_png(fig, path: str | os.PathLike, *, dpi: int | None = None) -> Path:
+    """Lay out a matplotlib figure and save it as PNG, atomically; returns the path. The caller closes it."""
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format="png")
+    return Path(path)
 
 
 def append_line(path: str | os.PathLike, line: bytes) -> None:

@@ -225,7 +225,7 @@ def save_plot(report: BenchReport, path: str | Path) -> Path:
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
 
-    from specwire.safeio import atomic_path
+    from specwire.safeio import save_png
 
     fig = Figure(figsize=(11, 4.2), dpi=110)
     ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.2, 1]})
@@ -261,8 +261,4 @@ def save_plot(report: BenchReport, path: str | Path) -> Path:
         ax2.set_xticks([])
         ax2.set_yticks([])
     ax2.set_title("acceptance per draft position")
-    fig.tight_layout()
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    return path
+    return save_png(fig, path)

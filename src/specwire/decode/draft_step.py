@@ -108,9 +108,9 @@ def draft_kernel(target: Target) -> str:
 
 def draft_products(draft: Eagle3Draft) -> str:
     """What a loaded draft's products run, as a bench states it: "q8_0 weights, int16 inputs" (the nearest q8_0
-    codes, inputs quantized per block to int16: `fastlinear.q8_0_linears`), "three-part bf16" (float32 inputs split exactly into
-    bf16 parts, `target.bf16dot.split3dot`), "rowdot, bf16 weights", or the kind of its linear layers and its
-    dtype."""
+    codes, inputs quantized per block to int16: `fastlinear.q8_0_linears`), "three-part bf16" (float32 inputs split
+    exactly into bf16 parts, `target.bf16dot.split3dot`), "rowdot, bf16 weights", or the kind of its linear layers
+    and its dtype."""
     from specwire.target.fastlinear import RowDotLinear
 
     if not isinstance(draft, Eagle3Draft):  # another proposer (tests, experiments)

@@ -165,9 +165,9 @@ def load_engine_draft(name_or_path, target: Target, *, hs_ids_override: list[int
 
     Where the draft runs rowdot and the CPU has AVX512-BF16, `weights` says how its products read its weights:
     "q8_0" (the default), the nearest q8_0 codes with the inputs quantized per block to int16
-    (`fastlinear.q8_0_linears`: lossy for the draft, a warm step about two thirds of the exact one's, its proposals
-    accepted as often), or "exact",
-    the weights as stored with the inputs split exactly into three bf16 parts (`fastlinear.split3_linears`).
+    (`fastlinear.q8_0_linears`: lossy for the draft, a warm step about three fifths of the exact one's, its
+    proposals accepted as often), or "exact", the weights as stored with the inputs split exactly into three bf16
+    parts (`fastlinear.split3_linears`).
     Either way decoding stays the target's greedy: the verify pass decides every token.
     hs_ids_override (experiments only) replaces the draft's hs ids; it must keep their count.
     """

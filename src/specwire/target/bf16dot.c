@@ -201,15 +201,25 @@ static inline __attribute__((always_inline)) wsrc at_row(const int WF, const wsr
     tile(FETCH, PARTS, R, C, x + m0 * PARTS * K, PARTS * K, (w) + (n0 - (first)) * K, K,                        \
          bias ? (const char *)bias + n0 * (PARTS == 1 ? 2 : 4) : 0, (char *)y + (m0 * N + n0) * (PARTS == 1 ? 2 : 4), N)
 
-#define ROWS(C, w, first, FETCH)                                                                                \
+/* CALL(R, ...) with R the tile's row count mr (1 to 4) as a compile-time constant */
+#define BY_ROWS(CALL, ...)                                                                                      \
     switch (mr) {                                                                                               \
-        case 4: TILE(4, C, w, first, FETCH); break;                                                             \
-        case 3: TILE(3, C, w, first, FETCH); break;                                                             \
-        case 2: TILE(2, C, w, first, FETCH); break;                                                             \
-        default: TILE(1, C, w, first, FETCH);                                                                   \
+        case 4: CALL(4, __VA_ARGS__); break;                                                                    \
+        case 3: CALL(3, __VA_ARGS__); break;                                                                    \
+        case 2: CALL(2, __VA_ARGS__); break;                                                                    \
+        default: CALL(1, __VA_ARGS__);                                                                          \
     }
 
+#define ROWS(C, w, first, FETCH) BY_ROWS(TILE, C, w, first, FETCH)
+
 #define STRIP 4 /* columns a tile of several rows */
+
+/* the strips [*first, *last) of `blocks` that thread `part` of `parts` takes: equal shares in order */
+static inline void strips_of(int64_t blocks, int part, int parts, int64_t *first, int64_t *last) {
+    const int64_t share = (blocks + parts - 1) / parts;
+    *first = part * share;
+    *last = *first + share < blocks ? *first + share : blocks;
+}
 
 /* this thread's share (`part` of `parts`) of the column strips: strips of STRIP columns, each decoded once into
  * bf16 (on the stack, STRIP * K * 2 bytes: in L1 for common K) unless the weight is bf16 already, then tiles of up
@@ -217,8 +227,8 @@ static inline __attribute__((always_inline)) wsrc at_row(const int WF, const wsr
 static inline __attribute__((always_inline)) void bf16dot_part(const int WF, const int PARTS, const uint16_t *x,
                                                                int64_t M, int64_t K, const wsrc *w, int64_t N,
                                                                const void *bias, void *y, int part, int parts) {
-    const int64_t blocks = (N + STRIP - 1) / STRIP, share = (blocks + parts - 1) / parts;
-    const int64_t first_block = part * share, last_block = first_block + share < blocks ? first_block + share : blocks;
+    int64_t first_block, last_block;
+    strips_of((N + STRIP - 1) / STRIP, part, parts, &first_block, &last_block);
     const int decode = WF != BF16;
     for (int64_t b = first_block; b < last_block; b++) {
         const int64_t nb = b * STRIP, nc = N - nb < STRIP ? N - nb : STRIP;
@@ -344,26 +354,19 @@ static inline __attribute__((always_inline)) void tile_i16(const int R, const in
 /* this thread's share (`part` of `parts`) of the strips of 4 columns, in tiles of up to 4 rows */
 static void q8_0_i16_part(const int16_t *xq, const float *xs, int64_t M, int64_t K, const int8_t *codes,
                           const float *d, int64_t N, const float *bias, float *y, int part, int parts) {
-    const int64_t KB = K / 32, blocks = (N + STRIP - 1) / STRIP, share = (blocks + parts - 1) / parts;
-    const int64_t first_block = part * share, last_block = first_block + share < blocks ? first_block + share : blocks;
+    const int64_t KB = K / 32;
+    int64_t first_block, last_block;
+    strips_of((N + STRIP - 1) / STRIP, part, parts, &first_block, &last_block);
     for (int64_t b = first_block; b < last_block; b++) {
         const int64_t nb = b * STRIP, nc = N - nb < STRIP ? N - nb : STRIP;
         for (int64_t m0 = 0; m0 < M; m0 += 4) {
             const int64_t mr = M - m0 < 4 ? M - m0 : 4;
             for (int64_t n0 = nb; n0 < nb + nc; n0 += nc == STRIP ? STRIP : 1) {
-#define WIDTH(C)                                                                                                \
-    switch (mr) {                                                                                               \
-        case 4: TILE_I16(4, C); break;                                                                          \
-        case 3: TILE_I16(3, C); break;                                                                          \
-        case 2: TILE_I16(2, C); break;                                                                          \
-        default: TILE_I16(1, C);                                                                                \
-    }
                 if (nc == STRIP) {
-                    WIDTH(STRIP)
+                    BY_ROWS(TILE_I16, STRIP)
                 } else {
-                    WIDTH(1)
+                    BY_ROWS(TILE_I16, 1)
                 }
-#undef WIDTH
             }
         }
     }

@@ -4,9 +4,10 @@ product.
 Scope: building `bf16dot.c` (beside this file) into a shared library on first use, cached under
 `$SPECWIRE_HOME/kernels` by a hash of the source, flags and compiler (`rowdot.build_library`); `available` (can
 this machine run it, and if not, why); `bf16dot` (x @ W.T + b in bf16, each row bitwise independent of the rows
-beside it, the weight read as bf16 or as the GGUF block codes it was rebuilt from); `q8i16dot` (a served draft's float32 product over q8_0 codes, its inputs
-quantized to int16 per block); `source_digest` (part of the key of cached cost curves). Does not own the module that swaps a model's linear layers
-(`fastlinear.RowDotLinear`), the compact forms (`compact`) nor the choice of kernel (`decode.kernels`).
+beside it, the weight read as bf16 or as the GGUF block codes it was rebuilt from); `q8i16dot` (a served draft's
+float32 product over q8_0 codes, its inputs quantized to int16 per block); `source_digest` (part of the key of
+cached cost curves). Does not own the module that swaps a model's linear layers (`fastlinear.RowDotLinear`), the
+compact forms (`compact`) nor the choice of kernel (`decode.kernels`).
 
 Why: on a CPU with AVX512-BF16 but no AMX (AMD Zen 4, Intel Cooper Lake), bf16 arithmetic is twice float32's
 per instruction, so a verify pass over several rows costs little more than a one-token step; but oneDNN's bf16

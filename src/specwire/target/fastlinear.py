@@ -34,8 +34,8 @@ another fixed order, a one-row product about a fifth cheaper (the draft needs no
 By default a served draft goes further (`q8_0_linears`): `bf16dot.q8i16dot` reads the q8_0 codes nearest its
 weights, 9 bits a weight, with its float32 inputs quantized per block of 32 to int16 and each block's products summed
 exactly in int32, so no weight is decoded. Exact weights did not change what the shipped draft's proposals were
-accepted at, and the draft's steps, bound by reading and decoding its weights after each target pass, cost less
-than half.
+accepted at, and a warm one-row draft step costs about three fifths of the exact one's (in the decoding loop the
+step's framework ops weigh as much as its products: docs/BENCHMARKS.md).
 
 oneDNN (`--linear onednn`, bf16 on a CPU whose torch has oneDNN): nn.Linear's maths through oneDNN with
 the weight reordered once, at load, into the library's own blocked layout. `F.linear` hands oneDNN a plain
